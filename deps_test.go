@@ -1,0 +1,61 @@
+package egress_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/agenthold/egress"
+
+// allowedDeps lists, for each building block, the module-external and
+// in-module imports it may have beyond the standard library and
+// golang.org/x. The leaves import nothing else.
+var allowedDeps = map[string][]string{
+	"netguard":  nil,
+	"egresslog": nil,
+	"vault":     nil,
+	"policy":    {module + "/netguard", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
+	"dnsfilter": {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
+	"tproxy":    {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
+	"mitm":      {module + "/netguard", module + "/policy", module + "/egresslog"},
+}
+
+// TestDependencyGraph keeps the packages independent: each imports only
+// what DESIGN.md allows, and none imports an example.
+func TestDependencyGraph(t *testing.T) {
+	out, err := exec.Command("go", "list", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	present := map[string]bool{}
+	for _, p := range strings.Fields(string(out)) {
+		present[strings.TrimPrefix(p, module+"/")] = true
+	}
+	for pkg, allowed := range allowedDeps {
+		if !present[pkg] {
+			continue // not written yet
+		}
+		t.Run(pkg, func(t *testing.T) {
+			out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+pkg).Output()
+			if err != nil {
+				t.Fatalf("go list -deps: %v", err)
+			}
+			for _, dep := range strings.Fields(string(out)) {
+				if dep == module+"/"+pkg || strings.HasPrefix(dep, "golang.org/x/") || allowedPrefix(dep, allowed) {
+					continue
+				}
+				t.Errorf("%s imports %s, which DESIGN.md does not allow", pkg, dep)
+			}
+		})
+	}
+}
+
+func allowedPrefix(dep string, allowed []string) bool {
+	for _, a := range allowed {
+		if dep == a || strings.HasPrefix(dep, a+"/") {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,143 @@
+package netguard
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// listen starts a TCP listener on loopback that accepts and closes.
+func listen(t *testing.T, network, addr string) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s: %v", addr, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// fixedResolver answers every name with the same addresses, standing in for
+// a resolver that an attacker controls.
+type fixedResolver []netip.Addr
+
+func (r fixedResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	return r, nil
+}
+
+func TestControlRefusesAtConnect(t *testing.T) {
+	ap := listen(t, "tcp4", "127.0.0.1:0")
+	var g Guard
+	d := net.Dialer{ControlContext: g.Control(true)}
+	_, err := d.DialContext(context.Background(), "tcp", ap.String())
+	var de *DeniedError
+	if !errors.As(err, &de) || !errors.Is(err, ErrDenied) {
+		t.Fatalf("dial loopback through the hook: %v, want a DeniedError", err)
+	}
+	if de.Addr != ap.Addr() || de.Class.Tier != Never || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("error does not say which address, tier and why: %v", err)
+	}
+
+	open, err := New(Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = net.Dialer{ControlContext: open.Control(false)}
+	c, err := d.DialContext(context.Background(), "tcp", ap.String())
+	if err != nil {
+		t.Fatalf("dial a declared-public loopback: %v", err)
+	}
+	c.Close()
+}
+
+func TestDialerRebinding(t *testing.T) {
+	port := listen(t, "tcp4", "127.0.0.1:0").Port()
+	tests := []struct {
+		name    string
+		d       Dialer
+		host    string
+		wantErr string
+	}{
+		{"name resolving to loopback", Dialer{Resolver: fixedResolver{netip.MustParseAddr("127.0.0.1")}}, "rebind.example", "loopback"},
+		{"name resolving to metadata", Dialer{Resolver: fixedResolver{netip.MustParseAddr("169.254.169.254")}}, "rebind.example", "metadata"},
+		{"decimal literal", Dialer{}, "2130706433", "loopback"},
+		{"hex literal", Dialer{}, "0x7f000001", "loopback"},
+		{"short literal", Dialer{}, "127.1", "loopback"},
+		{"mapped literal", Dialer{}, "[::ffff:127.0.0.1]", "loopback"},
+		{"bad literal", Dialer{}, "1.2.3.256", "not a valid"},
+		{"private without opt-in", Dialer{Resolver: fixedResolver{netip.MustParseAddr("10.0.0.1")}}, "internal.example", "private networks are not allowed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := tt.host + ":" + strconv.Itoa(int(port))
+			c, err := tt.d.DialContext(context.Background(), "tcp", addr)
+			if err == nil {
+				c.Close()
+				t.Fatalf("dial %s succeeded, want an error containing %q", addr, tt.wantErr)
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("dial %s: %v, want it to contain %q", addr, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestDialerSkipsDenied dials a name with a denied and a permitted
+// address: the denied one is never tried, the permitted one connects.
+func TestDialerSkipsDenied(t *testing.T) {
+	ap := listen(t, "tcp4", "127.0.0.2:0")
+	g, err := New(Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Dialer{Guard: g, Resolver: fixedResolver{netip.MustParseAddr("127.0.0.1"), ap.Addr()}}
+	c, err := d.DialContext(context.Background(), "tcp", "mixed.example:"+strconv.Itoa(int(ap.Port())))
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer c.Close()
+	if got := c.RemoteAddr().(*net.TCPAddr).AddrPort(); got != ap {
+		t.Errorf("connected to %v, want %v", got, ap)
+	}
+}
+
+func TestDialerBadInput(t *testing.T) {
+	var d Dialer
+	for _, addr := range []string{"example.com", "example.com:http", "example.com:0", "example.com:70000"} {
+		if _, err := d.DialContext(context.Background(), "tcp", addr); err == nil {
+			t.Errorf("DialContext(%q) succeeded", addr)
+		}
+	}
+	if _, err := d.DialContext(context.Background(), "udp", "example.com:53"); err == nil {
+		t.Error("DialContext over udp succeeded")
+	}
+}
+
+func TestLocalPrefixes(t *testing.T) {
+	ps, err := LocalPrefixes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range ps {
+		if p.Addr() == netip.MustParseAddr("127.0.0.1") && p.Bits() == 32 {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("LocalPrefixes() = %v, want 127.0.0.1/32 among them", ps)
+	}
+}

@@ -1,0 +1,32 @@
+// Package netguard decides which addresses may ever be dialled, and guards
+// every dial so that the decision holds at connect time.
+//
+// Every address falls into one of three tiers. Public addresses are
+// globally reachable. Private addresses (RFC 1918, unique local IPv6,
+// CGNAT) are reachable only when the caller allows private networks.
+// Never addresses are never dialled: loopback, link-local, cloud metadata
+// endpoints (including the public-looking ones), multicast, broadcast,
+// every block of the IANA special-purpose registries that is not globally
+// reachable, the operator's never prefixes and the gateway's own
+// addresses. IPv4-mapped IPv6 is unmapped first, and IPv6 forms that embed
+// an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible) are judged by the
+// address inside as well.
+//
+// The check that matters runs when the socket connects, on the address
+// actually being connected ([Guard.Control], a [net.Dialer] ControlContext
+// hook), so a name that resolves to an allowed address at one moment and a
+// denied one the next (DNS rebinding) cannot slip through.
+//
+// Typical use:
+//
+//	g, err := netguard.New(netguard.Config{Public: mirrors})
+//	d := &netguard.Dialer{Guard: g, AllowPrivate: pol.AllowPrivateNetworks()}
+//	conn, err := d.DialContext(ctx, "tcp", "api.github.com:443")
+//
+// [ParseLiteral] recognises hosts that are addresses in disguise
+// ("2130706433", "0x7f000001", "127.1"), so that callers never mistake one
+// for a name.
+//
+// netguard does not decide which names or ports an agent may reach: that is
+// the policy package. It imports only the standard library.
+package netguard

@@ -1,0 +1,216 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/publicsuffix"
+
+	"github.com/agenthold/egress/netguard"
+)
+
+// portRange is an inclusive range of ports.
+type portRange struct{ lo, hi uint16 }
+
+var (
+	defaultPorts = []portRange{{80, 80}, {443, 443}}
+	anyPort      = []portRange{{0, 65535}}
+)
+
+// rule is one compiled allow entry: the text as written and its ports.
+type rule struct {
+	text  string
+	ports []portRange
+}
+
+func (r *rule) allowsPort(port uint16) bool {
+	for _, pr := range r.ports {
+		if pr.lo <= port && port <= pr.hi {
+			return true
+		}
+	}
+	return false
+}
+
+// entryKind says what an entry's host part matches.
+type entryKind uint8
+
+const (
+	kindName     entryKind = iota + 1 // one exact name
+	kindWildcard                      // every subdomain of a name, not the name
+	kindAny                           // every public destination ("*")
+	kindPrefix                        // every address in a prefix
+)
+
+// entry is a parsed allow entry.
+type entry struct {
+	kind   entryKind
+	name   string       // kindName: the name; kindWildcard: the suffix after "*."
+	prefix netip.Prefix // kindPrefix
+	rule   rule
+}
+
+// EntryError says which allow entry is wrong and why.
+type EntryError struct {
+	Entry  string
+	Reason string
+}
+
+func (e *EntryError) Error() string { return fmt.Sprintf("policy: entry %q: %s", e.Entry, e.Reason) }
+
+// compileEntry parses one allow entry. The forms are:
+//
+//	github.com                 the name, ports 80 and 443
+//	github.com:22              the name, port 22
+//	registry.example.com:*     the name, any port
+//	github.com:8000-8100       the name, a port range
+//	*.npmjs.org                every subdomain of npmjs.org, not npmjs.org itself
+//	203.0.113.7, 203.0.113.0/24:443, [2001:db8::/32]:443, 2001:db8::1
+//	                           addresses and prefixes (bare IPv6 takes no port)
+//	*                          every public destination, any port
+//	*:443                      every public destination, port 443
+//
+// Without a port, names and addresses mean ports 80 and 443. Names are
+// normalised as by NormalizeName. A wildcard must have at least one label
+// under a name that is not a public suffix ("*.com" and "*.co.uk" are
+// refused; "*.github.io" is allowed).
+func compileEntry(s string) (entry, error) {
+	text := strings.TrimSpace(s)
+	e, err := parseEntryText(text)
+	if err != nil {
+		return entry{}, &EntryError{Entry: s, Reason: err.Error()}
+	}
+	e.rule.text = text
+	return e, nil
+}
+
+func parseEntryText(s string) (entry, error) {
+	if s == "" {
+		return entry{}, errors.New("empty entry")
+	}
+	host, portText, err := splitEntry(s)
+	if err != nil {
+		return entry{}, err
+	}
+	ports, err := parsePorts(portText)
+	if err != nil {
+		return entry{}, err
+	}
+	switch {
+	case host == "*":
+		if portText == "" {
+			ports = anyPort
+		}
+		return entry{kind: kindAny, rule: rule{ports: ports}}, nil
+	case strings.Contains(host, "/"):
+		p, err := netip.ParsePrefix(host)
+		if err != nil {
+			return entry{}, fmt.Errorf("invalid address prefix: %v", err)
+		}
+		if p.Masked() != p {
+			return entry{}, fmt.Errorf("prefix has bits set after /%d (did you mean %s?)", p.Bits(), p.Masked())
+		}
+		return entry{kind: kindPrefix, prefix: p, rule: rule{ports: ports}}, nil
+	case strings.HasPrefix(host, "*."):
+		suffix, err := NormalizeName(host[2:])
+		if err != nil {
+			return entry{}, fmt.Errorf("invalid wildcard: %v", unprefixed(err))
+		}
+		if ps, icann := publicsuffix.PublicSuffix(suffix); icann && ps == suffix {
+			return entry{}, fmt.Errorf("wildcard over the public suffix %q would match every domain under it", suffix)
+		}
+		return entry{kind: kindWildcard, name: suffix, rule: rule{ports: ports}}, nil
+	case strings.Contains(host, "*"):
+		return entry{}, errors.New(`"*" may only be the whole host or a leading "*." label`)
+	}
+	if a, err := netguard.ParseLiteral(host); err == nil {
+		a = a.WithZone("").Unmap()
+		return entry{kind: kindPrefix, prefix: netip.PrefixFrom(a, a.BitLen()), rule: rule{ports: ports}}, nil
+	} else if !errors.Is(err, netguard.ErrNotLiteral) {
+		return entry{}, unprefixed(err)
+	}
+	name, err := NormalizeName(host)
+	if err != nil {
+		return entry{}, unprefixed(err)
+	}
+	return entry{kind: kindName, name: name, rule: rule{ports: ports}}, nil
+}
+
+// splitEntry splits an entry into host and port text ("" when absent).
+func splitEntry(s string) (host, port string, err error) {
+	if strings.HasPrefix(s, "[") {
+		end := strings.IndexByte(s, ']')
+		if end < 0 {
+			return "", "", errors.New(`missing "]"`)
+		}
+		host, rest := s[1:end], s[end+1:]
+		if !strings.Contains(host, ":") {
+			return "", "", errors.New("brackets are only for IPv6")
+		}
+		switch {
+		case rest == "":
+			return host, "", nil
+		case len(rest) > 1 && rest[0] == ':':
+			return host, rest[1:], nil
+		}
+		return "", "", fmt.Errorf(`unexpected %q after "]"`, rest)
+	}
+	switch strings.Count(s, ":") {
+	case 0:
+		return s, "", nil
+	case 1:
+		host, port, _ := strings.Cut(s, ":")
+		if port == "" {
+			return "", "", errors.New(`missing port after ":"`)
+		}
+		return host, port, nil
+	}
+	return s, "", nil // bare IPv6, no port
+}
+
+// parsePorts parses "" (ports 80 and 443), "*", "N" or "N-M".
+func parsePorts(s string) ([]portRange, error) {
+	if s == "" {
+		return defaultPorts, nil
+	}
+	if s == "*" {
+		return anyPort, nil
+	}
+	lo, hi, isRange := strings.Cut(s, "-")
+	if !isRange {
+		hi = lo
+	}
+	l, err := parsePort(lo)
+	if err != nil {
+		return nil, err
+	}
+	h, err := parsePort(hi)
+	if err != nil {
+		return nil, err
+	}
+	if l > h {
+		return nil, fmt.Errorf("empty port range %d-%d", l, h)
+	}
+	return []portRange{{l, h}}, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	n, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || n == 0 || s[0] == '+' {
+		return 0, fmt.Errorf("port %q is not in 1-65535", s)
+	}
+	return uint16(n), nil
+}
+
+// unprefixed drops a package prefix from an error's text, for errors
+// nested inside an EntryError.
+func unprefixed(err error) error {
+	msg := err.Error()
+	for _, p := range []string{"policy: ", "netguard: "} {
+		msg = strings.TrimPrefix(msg, p)
+	}
+	return errors.New(msg)
+}

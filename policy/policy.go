@@ -1,0 +1,293 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/agenthold/egress/netguard"
+)
+
+// Mode is how a policy treats destinations. The zero Mode denies all.
+type Mode uint8
+
+const (
+	// DenyAll denies every destination.
+	DenyAll Mode = iota
+	// Allowlist allows only what an allow entry names.
+	Allowlist
+	// Open allows every public destination on every port.
+	Open
+)
+
+func (m Mode) String() string {
+	switch m {
+	case DenyAll:
+		return "deny"
+	case Allowlist:
+		return "allowlist"
+	case Open:
+		return "open"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// ParseMode parses "open", "allowlist", or "deny" (also "deny-all").
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "open":
+		return Open, nil
+	case "allowlist":
+		return Allowlist, nil
+	case "deny", "deny-all":
+		return DenyAll, nil
+	}
+	return DenyAll, fmt.Errorf("policy: unknown mode %q (want open, allowlist or deny)", s)
+}
+
+// Config is a policy before compilation.
+type Config struct {
+	Mode  Mode
+	Allow []string // allow entries; see New for the forms
+	// AllowPrivateNetworks lets destinations in the private tier (RFC 1918,
+	// unique local IPv6, CGNAT) be dialled. It never lifts the never tier.
+	AllowPrivateNetworks bool
+	// Report decides as the policy would but allows what it would deny,
+	// marking the decision (a dry run).
+	Report bool
+}
+
+// Reasons a Decision gives. They are constants so that deciding never
+// allocates; the Decision's host, port and rule complete them in a log.
+const (
+	ReasonAllowedByRule = "allowed by rule"
+	ReasonOpen          = "open policy allows any public destination"
+	ReasonNoRule        = "no allow entry matches the host"
+	ReasonPortNotListed = "an allow entry matches the host but not the port"
+	ReasonInvalidHost   = "host is not a valid name or address"
+	ReasonNoPolicy      = "no policy"
+	ReasonDenyAll       = "policy denies all"
+	ReasonUnknownMode   = "policy has an unknown mode"
+)
+
+// Decision is the answer to "may this agent reach this destination". The
+// zero Decision denies.
+type Decision struct {
+	Allowed bool
+	// Report is set when the policy is in report mode and allowed what
+	// enforcement would deny: Reason then says why enforcement would deny.
+	Report bool
+	Rule   string // the allow entry that matched, as written, or ""
+	Reason string
+}
+
+// Policy is a compiled, immutable policy, safe for concurrent use. A nil
+// *Policy denies everything.
+type Policy struct {
+	mode         Mode
+	allowPrivate bool
+	report       bool
+	denyReason   string            // for DenyAll: why
+	exact        map[string][]rule // name → rules
+	wildcard     map[string][]rule // suffix → rules for its subdomains
+	any          []rule            // "*" entries
+	prefixes     *netguard.PrefixMap[[]rule]
+	size         int
+}
+
+// New compiles a policy. Every allow entry must parse; an error names the
+// first entry that does not and why.
+//
+// Entry forms: "github.com" (ports 80 and 443), "github.com:22",
+// "registry.example.com:*", "example.com:8000-8100", "*.npmjs.org" (every
+// subdomain, never the apex), "203.0.113.0/24:443", "[2001:db8::/32]:443",
+// bare addresses, and "*" (every public destination, any port; "*:443"
+// limits the port).
+func New(cfg Config) (*Policy, error) {
+	p := &Policy{
+		mode:         cfg.Mode,
+		allowPrivate: cfg.AllowPrivateNetworks,
+		report:       cfg.Report,
+		denyReason:   ReasonDenyAll,
+		exact:        map[string][]rule{},
+		wildcard:     map[string][]rule{},
+	}
+	switch cfg.Mode {
+	case DenyAll, Allowlist, Open:
+	default:
+		return nil, fmt.Errorf("policy: unknown mode %v", cfg.Mode)
+	}
+	var prefixes []netguard.PrefixEntry[[]rule]
+	var errs []error
+	for _, s := range cfg.Allow {
+		e, err := compileEntry(s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		switch e.kind {
+		case kindName:
+			p.exact[e.name] = append(p.exact[e.name], e.rule)
+		case kindWildcard:
+			p.wildcard[e.name] = append(p.wildcard[e.name], e.rule)
+		case kindAny:
+			p.any = append(p.any, e.rule)
+		case kindPrefix:
+			prefixes = append(prefixes, netguard.PrefixEntry[[]rule]{Prefix: e.prefix, Value: []rule{e.rule}})
+		}
+		p.size++
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	// A prefix's rules include those of every prefix around it, the most
+	// specific first, so one lookup finds every rule for an address.
+	p.prefixes = netguard.NewPrefixMap(prefixes, func(outer, inner []rule) []rule {
+		return append(append(make([]rule, 0, len(inner)+len(outer)), inner...), outer...)
+	})
+	return p, nil
+}
+
+// Deny returns a policy that denies everything, giving reason as the
+// Decision's reason: "policy file absent", "enforce is false".
+func Deny(reason string) *Policy {
+	return &Policy{mode: DenyAll, denyReason: reason}
+}
+
+// Mode returns the policy's mode.
+func (p *Policy) Mode() Mode {
+	if p == nil {
+		return DenyAll
+	}
+	return p.mode
+}
+
+// AllowPrivateNetworks reports whether private-tier addresses may be
+// dialled under this policy.
+func (p *Policy) AllowPrivateNetworks() bool { return p != nil && p.allowPrivate }
+
+// Len reports the number of allow entries.
+func (p *Policy) Len() int {
+	if p == nil {
+		return 0
+	}
+	return p.size
+}
+
+// DenyReason says why a deny-all policy denies ("" otherwise).
+func (p *Policy) DenyReason() string {
+	switch {
+	case p == nil:
+		return ReasonNoPolicy
+	case p.mode == DenyAll:
+		return p.denyReason
+	}
+	return ""
+}
+
+// Decide answers whether host (a name, or an IP literal in any spelling)
+// may be reached on port. Names are normalised first; a host that is
+// neither a valid name nor an address is denied. It does not classify
+// addresses: the dial through netguard does that.
+func (p *Policy) Decide(host string, port uint16) Decision {
+	if d, done := p.modeDecision(); done {
+		return d
+	}
+	a, err := netguard.ParseLiteral(host)
+	if err == nil {
+		return p.decideAddr(a, port)
+	}
+	// An invalid host is denied even in report mode: nothing could dial it.
+	if !errors.Is(err, netguard.ErrNotLiteral) {
+		return Decision{Reason: ReasonInvalidHost}
+	}
+	name, err := NormalizeName(host)
+	if err != nil {
+		return Decision{Reason: ReasonInvalidHost}
+	}
+	if p.mode == Open {
+		return Decision{Allowed: true, Reason: ReasonOpen}
+	}
+	miss := Decision{Reason: ReasonNoRule}
+	if d, ok := matchRules(p.exact[name], port, &miss); ok {
+		return d
+	}
+	for i := strings.IndexByte(name, '.'); i >= 0; {
+		suffix := name[i+1:]
+		if d, ok := matchRules(p.wildcard[suffix], port, &miss); ok {
+			return d
+		}
+		j := strings.IndexByte(suffix, '.')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	if d, ok := matchRules(p.any, port, &miss); ok {
+		return d
+	}
+	return p.finish(miss)
+}
+
+// DecideAddr answers whether an address may be reached on port, by the
+// address and prefix entries and "*".
+func (p *Policy) DecideAddr(a netip.Addr, port uint16) Decision {
+	if d, done := p.modeDecision(); done {
+		return d
+	}
+	return p.decideAddr(a, port)
+}
+
+func (p *Policy) decideAddr(a netip.Addr, port uint16) Decision {
+	if !a.IsValid() {
+		return Decision{Reason: ReasonInvalidHost}
+	}
+	if p.mode == Open {
+		return Decision{Allowed: true, Reason: ReasonOpen}
+	}
+	miss := Decision{Reason: ReasonNoRule}
+	rules, _ := p.prefixes.Lookup(a.WithZone("").Unmap())
+	if d, ok := matchRules(rules, port, &miss); ok {
+		return d
+	}
+	if d, ok := matchRules(p.any, port, &miss); ok {
+		return d
+	}
+	return p.finish(miss)
+}
+
+// modeDecision settles the decision for policies that need no matching.
+func (p *Policy) modeDecision() (Decision, bool) {
+	switch {
+	case p == nil:
+		return Decision{Reason: ReasonNoPolicy}, true
+	case p.mode == DenyAll:
+		return p.finish(Decision{Reason: p.denyReason}), true
+	case p.mode == Allowlist, p.mode == Open:
+		return Decision{}, false
+	}
+	return Decision{Reason: ReasonUnknownMode}, true
+}
+
+// finish applies report mode to a denial.
+func (p *Policy) finish(d Decision) Decision {
+	if p.report && !d.Allowed {
+		d.Allowed, d.Report = true, true
+	}
+	return d
+}
+
+// matchRules returns an allowing decision for the first rule that allows
+// port. If rules match the host but none the port, miss records that.
+func matchRules(rules []rule, port uint16, miss *Decision) (Decision, bool) {
+	for i := range rules {
+		if rules[i].allowsPort(port) {
+			return Decision{Allowed: true, Rule: rules[i].text, Reason: ReasonAllowedByRule}, true
+		}
+	}
+	if len(rules) > 0 && miss.Rule == "" {
+		*miss = Decision{Rule: rules[0].text, Reason: ReasonPortNotListed}
+	}
+	return Decision{}, false
+}
