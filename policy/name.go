@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/net/idna"
 
@@ -38,9 +39,17 @@ func NormalizeName(name string) (string, error) {
 		return "", errors.New("policy: empty name")
 	}
 	if !isASCII(n) || hasALabel(n) {
+		if !utf8.ValidString(n) {
+			return "", fmt.Errorf("policy: name %q is not valid UTF-8", name)
+		}
 		a, err := idnaProfile.ToASCII(n)
 		if err != nil {
 			return "", fmt.Errorf("policy: invalid internationalised name %q: %v", name, err)
+		}
+		// The canonical form must be a fixed point: its A-labels decode
+		// back to what they encode.
+		if again, err := idnaProfile.ToASCII(a); err != nil || again != a {
+			return "", fmt.Errorf("policy: internationalised name %q has no stable ASCII form", name)
 		}
 		n = a
 	}
@@ -98,6 +107,6 @@ func isASCII(s string) bool {
 }
 
 func hasALabel(s string) bool {
-	return strings.HasPrefix(s, "xn--") || strings.HasPrefix(s, "XN--") ||
-		strings.Contains(strings.ToLower(s), ".xn--")
+	s = strings.ToLower(s)
+	return strings.HasPrefix(s, "xn--") || strings.Contains(s, ".xn--")
 }
