@@ -1,0 +1,387 @@
+package egresslog
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for a Log's zero fields.
+const (
+	DefaultKeep      = 5000 // records kept per agent (the seed's log_keep)
+	DefaultMaxAgents = 4096
+	DefaultSinkQueue = 8192
+	DefaultFollowBuf = 256
+	maxReasonKeys    = 64 // distinct denial reasons counted per agent
+)
+
+// Log keeps the newest records of each agent in a bounded ring, lets
+// readers list and follow them, counts them, and hands each record to the
+// sinks. The zero Log is ready to use; set its fields before the first
+// record. Recording never blocks on a reader or a sink: a slow follower
+// loses records and is told how many, a slow or failing sink loses records
+// and the Log counts them.
+type Log struct {
+	// Keep is the number of records kept per agent; zero means DefaultKeep.
+	Keep int
+	// MaxAgents bounds the number of agents held; when a new agent would
+	// exceed it, the agent written least recently is dropped. Zero means
+	// DefaultMaxAgents.
+	MaxAgents int
+	// Sinks receive every record, in order, from one goroutine.
+	Sinks []Sink
+	// SinkQueue is the number of records waiting for the sinks before new
+	// ones are dropped; zero means DefaultSinkQueue.
+	SinkQueue int
+
+	initOnce sync.Once
+	seq      atomic.Uint64
+	openID   atomic.Uint64
+
+	mu     sync.RWMutex // guards agents
+	agents map[string]*agentLog
+
+	pubMu     sync.Mutex // guards followers, orders publication
+	followers map[*Follower]struct{}
+
+	sinkCh      chan Record
+	sinkPending atomic.Int64 // queued or being written
+	idleMu      sync.Mutex   // orders the last decrement of sinkPending with Flush
+	idleWaiters []chan struct{}
+	sinkDone    chan struct{}
+	sinkDropped atomic.Uint64
+	sinkErrors  atomic.Uint64
+	closeOnce   sync.Once
+	closed      atomic.Bool
+}
+
+// agentLog is one agent's ring, open connections and counters.
+type agentLog struct {
+	mu        sync.Mutex
+	ring      []Record // grows to keep, then wraps
+	next      int      // where the next record goes once the ring is full
+	open      map[uint64]Record
+	stats     Stats
+	lastWrite atomic.Int64 // unix nanoseconds, for eviction
+}
+
+func (l *Log) init() {
+	l.initOnce.Do(func() {
+		l.agents = map[string]*agentLog{}
+		l.followers = map[*Follower]struct{}{}
+		if len(l.Sinks) > 0 {
+			n := l.SinkQueue
+			if n <= 0 {
+				n = DefaultSinkQueue
+			}
+			l.sinkCh = make(chan Record, n)
+			l.sinkDone = make(chan struct{})
+			go l.drainSinks()
+		}
+	})
+}
+
+func (l *Log) keep() int {
+	if l.Keep > 0 {
+		return l.Keep
+	}
+	return DefaultKeep
+}
+
+func (l *Log) maxAgents() int {
+	if l.MaxAgents > 0 {
+		return l.MaxAgents
+	}
+	return DefaultMaxAgents
+}
+
+// agent returns the log of an agent, creating it (and evicting the least
+// recently written agent if there are too many).
+func (l *Log) agent(name string) *agentLog {
+	l.mu.RLock()
+	a := l.agents[name]
+	l.mu.RUnlock()
+	if a != nil {
+		return a
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a = l.agents[name]; a != nil {
+		return a
+	}
+	if len(l.agents) >= l.maxAgents() {
+		var oldest string
+		oldestT := int64(1<<63 - 1)
+		for n, al := range l.agents {
+			if t := al.lastWrite.Load(); t < oldestT {
+				oldest, oldestT = n, t
+			}
+		}
+		delete(l.agents, oldest)
+	}
+	a = &agentLog{open: map[uint64]Record{}, stats: Stats{DeniedByReason: map[string]uint64{}}}
+	l.agents[name] = a
+	return a
+}
+
+// Record adds a finished record: to its agent's ring, to the counters, to
+// matching followers and to the sinks. A zero Time means now. Strings are
+// bounded and the query string is dropped from Path.
+func (l *Log) Record(r Record) {
+	l.init()
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.sanitize()
+	r.Open = false
+	l.add(r)
+}
+
+func (l *Log) add(r Record) {
+	a := l.agent(r.Agent)
+	a.lastWrite.Store(r.Time.UnixNano())
+	keep := l.keep()
+	// pubMu orders sequence numbers, follower deliveries and the sink
+	// queue alike, and, taken in Close, orders any send before the queue
+	// closes.
+	l.pubMu.Lock()
+	defer l.pubMu.Unlock()
+	r.Seq = l.seq.Add(1)
+	a.mu.Lock()
+	if len(a.ring) < keep {
+		a.ring = append(a.ring, r)
+	} else {
+		if len(a.ring) > keep { // Keep was lowered
+			a.ring = slices.Clone(a.ring[len(a.ring)-keep:])
+			a.next = 0
+		}
+		a.ring[a.next] = r
+		a.next = (a.next + 1) % keep
+	}
+	a.stats.add(&r)
+	a.mu.Unlock()
+
+	for f := range l.followers {
+		f.offer(&r)
+	}
+	if l.sinkCh != nil && !l.closed.Load() {
+		l.sinkPending.Add(1)
+		select {
+		case l.sinkCh <- r:
+		default:
+			l.sinkPending.Add(-1)
+			l.sinkDropped.Add(1)
+		}
+	}
+}
+
+// Conn is a connection that is still open; End records it.
+type Conn struct {
+	l     *Log
+	a     *agentLog
+	id    uint64
+	start time.Time
+	once  sync.Once
+}
+
+// Begin registers an open connection, visible through OpenConns until End
+// is called.
+func (l *Log) Begin(r Record) *Conn {
+	l.init()
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.sanitize()
+	r.Open = true
+	c := &Conn{l: l, a: l.agent(r.Agent), id: l.openID.Add(1), start: r.Time}
+	c.a.mu.Lock()
+	c.a.open[c.id] = r
+	c.a.mu.Unlock()
+	return c
+}
+
+// End records the connection as closed, with the final record r: its Time
+// is the connection's start, and a zero Duration is the time since Begin.
+// Calls after the first do nothing.
+func (c *Conn) End(r Record) {
+	c.once.Do(func() {
+		c.a.mu.Lock()
+		delete(c.a.open, c.id)
+		c.a.mu.Unlock()
+		r.Time = c.start
+		if r.Duration == 0 {
+			r.Duration = time.Since(c.start)
+		}
+		r.sanitize()
+		r.Open = false
+		c.l.add(r)
+	})
+}
+
+// OpenConns lists an agent's open connections ("" for all agents), oldest
+// first.
+func (l *Log) OpenConns(agent string) []Record {
+	l.init()
+	var out []Record
+	for _, a := range l.agentsFor(agent) {
+		a.mu.Lock()
+		for _, r := range a.open {
+			out = append(out, r)
+		}
+		a.mu.Unlock()
+	}
+	slices.SortFunc(out, func(x, y Record) int { return x.Time.Compare(y.Time) })
+	return out
+}
+
+func (l *Log) agentsFor(agent string) []*agentLog {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if agent != "" {
+		if a := l.agents[agent]; a != nil {
+			return []*agentLog{a}
+		}
+		return nil
+	}
+	out := make([]*agentLog, 0, len(l.agents))
+	for _, a := range l.agents {
+		out = append(out, a)
+	}
+	return out
+}
+
+// Filter selects records. The zero Filter selects all.
+type Filter struct {
+	Agent      string    // one agent; "" means all
+	Kind       Kind      // one kind; "" means all
+	DeniedOnly bool      // only denied records (report-mode records count as denied)
+	Since      time.Time // only records at or after this time
+}
+
+// Match reports whether the filter selects r.
+func (f *Filter) Match(r *Record) bool {
+	return (f.Agent == "" || r.Agent == f.Agent) &&
+		(f.Kind == "" || r.Kind == f.Kind) &&
+		(!f.DeniedOnly || !r.Allowed || r.Report) &&
+		(f.Since.IsZero() || !r.Time.Before(f.Since))
+}
+
+// List returns the newest records that match f, at most limit of them
+// (zero means all that are kept), oldest first.
+func (l *Log) List(f Filter, limit int) []Record {
+	l.init()
+	var out []Record
+	for _, a := range l.agentsFor(f.Agent) {
+		a.mu.Lock()
+		n := len(a.ring)
+		start := 0
+		if n == l.keep() {
+			start = a.next
+		}
+		for i := 0; i < n; i++ {
+			r := &a.ring[(start+i)%n]
+			if f.Match(r) {
+				out = append(out, *r)
+			}
+		}
+		a.mu.Unlock()
+	}
+	slices.SortFunc(out, func(x, y Record) int {
+		switch {
+		case x.Seq < y.Seq:
+			return -1
+		case x.Seq > y.Seq:
+			return 1
+		}
+		return 0
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out
+}
+
+// Agents lists the agents that have records, in no order.
+func (l *Log) Agents() []string {
+	l.init()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make([]string, 0, len(l.agents))
+	for n := range l.agents {
+		out = append(out, n)
+	}
+	return out
+}
+
+// Forget drops an agent's records, open connections and counters.
+func (l *Log) Forget(agent string) {
+	l.init()
+	l.mu.Lock()
+	delete(l.agents, agent)
+	l.mu.Unlock()
+}
+
+// Follower receives new records as they are recorded.
+type Follower struct {
+	C      <-chan Record // new matching records
+	c      chan Record
+	filter Filter
+	lost   atomic.Uint64
+	l      *Log
+	once   sync.Once
+	done   chan struct{}
+}
+
+// Follow returns a Follower of new records that match f, with a buffer of
+// buf records (zero means DefaultFollowBuf). When the buffer is full, new
+// records are dropped for this follower and counted in Lost. The follower
+// stops when ctx is done or Close is called; C is then closed.
+func (l *Log) Follow(ctx context.Context, f Filter, buf int) *Follower {
+	l.init()
+	if buf <= 0 {
+		buf = DefaultFollowBuf
+	}
+	c := make(chan Record, buf)
+	fl := &Follower{C: c, c: c, filter: f, l: l, done: make(chan struct{})}
+	l.pubMu.Lock()
+	l.followers[fl] = struct{}{}
+	l.pubMu.Unlock()
+	if ctx.Done() != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+				fl.Close()
+			case <-fl.done:
+			}
+		}()
+	}
+	return fl
+}
+
+func (f *Follower) offer(r *Record) {
+	if !f.filter.Match(r) {
+		return
+	}
+	select {
+	case f.c <- *r:
+	default:
+		f.lost.Add(1)
+	}
+}
+
+// Lost reports how many matching records were dropped because the
+// follower did not keep up.
+func (f *Follower) Lost() uint64 { return f.lost.Load() }
+
+// Close stops the follower and closes C.
+func (f *Follower) Close() {
+	f.once.Do(func() {
+		f.l.pubMu.Lock()
+		delete(f.l.followers, f)
+		close(f.c)
+		f.l.pubMu.Unlock()
+		close(f.done)
+	})
+}

@@ -1,0 +1,285 @@
+package egresslog
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Kind is what a record describes.
+type Kind string
+
+// The kinds of record.
+const (
+	KindDNS     Kind = "dns"     // one DNS query
+	KindTLS     Kind = "tls"     // one TLS connection, judged by SNI (spliced or intercepted)
+	KindHTTP    Kind = "http"    // one plain or intercepted HTTP request
+	KindTCP     Kind = "tcp"     // one other TCP connection, judged by the resolved name
+	KindConnect Kind = "connect" // one explicit-proxy CONNECT tunnel
+)
+
+// Record is one DNS query, connection or HTTP request. It has no field that
+// could hold a secret's value: Secret is the secret's name, and Path never
+// includes the query string, where a credential may have been placed.
+type Record struct {
+	Seq      uint64         // order across all agents, set by Log.Record
+	Time     time.Time      // when it started; zero means now
+	Agent    string         // who
+	Kind     Kind           // what
+	Host     string         // the name (or address) the decision was made on
+	Port     uint16         // destination port
+	Addr     netip.AddrPort // the address actually dialled, if any
+	Method   string         // HTTP method, or DNS query type ("A", "TXT")
+	Path     string         // HTTP path, without the query string
+	Status   int            // HTTP status, or DNS rcode
+	Answers  int            // DNS answers returned to the agent
+	Allowed  bool           // false: denied
+	Report   bool           // allowed only because the policy is in report mode
+	Reason   string         // why it was allowed or denied, or how it ended
+	Rule     string         // the policy entry or injection rule that matched
+	Secret   string         // the name of the secret injected, if any
+	BytesUp  int64          // bytes from the agent towards the destination
+	Bytes    int64          // bytes from the destination back to the agent
+	Duration time.Duration  // how long it lasted
+	Open     bool           // the connection is still open (see Log.OpenConns)
+}
+
+// JSON field names of a record, one object per line. The form is stable:
+// fields are only ever added. Empty and zero fields are omitted, except
+// time, seq, agent, kind and allowed.
+const (
+	FieldSeq      = "seq"
+	FieldTime     = "time" // RFC 3339 with nanoseconds, UTC
+	FieldAgent    = "agent"
+	FieldKind     = "kind"
+	FieldHost     = "host"
+	FieldPort     = "port"
+	FieldAddr     = "addr" // "ip:port"
+	FieldMethod   = "method"
+	FieldPath     = "path"
+	FieldStatus   = "status"
+	FieldAnswers  = "answers"
+	FieldAllowed  = "allowed"
+	FieldReport   = "report"
+	FieldReason   = "reason"
+	FieldRule     = "rule"
+	FieldSecret   = "secret"
+	FieldBytesUp  = "bytes_up"
+	FieldBytes    = "bytes_down"
+	FieldDuration = "duration_ms" // float milliseconds
+	FieldOpen     = "open"
+)
+
+// Bounds on the strings a record keeps; longer ones are cut at a UTF-8
+// boundary.
+const (
+	MaxAgentLen  = 128
+	MaxHostLen   = 255
+	MaxMethodLen = 32
+	MaxPathLen   = 1024
+	MaxReasonLen = 512
+	MaxRuleLen   = 256
+	MaxSecretLen = 128
+)
+
+// sanitize bounds the record's strings and drops the query string.
+func (r *Record) sanitize() {
+	if i := strings.IndexAny(r.Path, "?#"); i >= 0 {
+		r.Path = r.Path[:i]
+	}
+	r.Agent = truncate(r.Agent, MaxAgentLen)
+	r.Host = truncate(r.Host, MaxHostLen)
+	r.Method = truncate(r.Method, MaxMethodLen)
+	r.Path = truncate(r.Path, MaxPathLen)
+	r.Reason = truncate(r.Reason, MaxReasonLen)
+	r.Rule = truncate(r.Rule, MaxRuleLen)
+	r.Secret = truncate(r.Secret, MaxSecretLen)
+	r.Kind = Kind(truncate(string(r.Kind), 16))
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// AppendJSON appends the record as one JSON object (no newline).
+func (r *Record) AppendJSON(b []byte) []byte {
+	b = append(b, `{"`+FieldSeq+`":`...)
+	b = strconv.AppendUint(b, r.Seq, 10)
+	b = append(b, `,"`+FieldTime+`":"`...)
+	b = r.Time.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	b = appendString(b, FieldAgent, r.Agent, true)
+	b = appendString(b, FieldKind, string(r.Kind), true)
+	b = appendString(b, FieldHost, r.Host, false)
+	b = appendInt(b, FieldPort, int64(r.Port))
+	if r.Addr.IsValid() {
+		b = append(b, `,"`+FieldAddr+`":"`...)
+		b = r.Addr.AppendTo(b)
+		b = append(b, '"')
+	}
+	b = appendString(b, FieldMethod, r.Method, false)
+	b = appendString(b, FieldPath, r.Path, false)
+	b = appendInt(b, FieldStatus, int64(r.Status))
+	b = appendInt(b, FieldAnswers, int64(r.Answers))
+	b = append(b, `,"`+FieldAllowed+`":`...)
+	b = strconv.AppendBool(b, r.Allowed)
+	if r.Report {
+		b = append(b, `,"`+FieldReport+`":true`...)
+	}
+	b = appendString(b, FieldReason, r.Reason, false)
+	b = appendString(b, FieldRule, r.Rule, false)
+	b = appendString(b, FieldSecret, r.Secret, false)
+	b = appendInt(b, FieldBytesUp, r.BytesUp)
+	b = appendInt(b, FieldBytes, r.Bytes)
+	if r.Duration != 0 {
+		b = append(b, `,"`+FieldDuration+`":`...)
+		b = strconv.AppendFloat(b, float64(r.Duration)/float64(time.Millisecond), 'f', -1, 64)
+	}
+	if r.Open {
+		b = append(b, `,"`+FieldOpen+`":true`...)
+	}
+	return append(b, '}')
+}
+
+func appendInt(b []byte, key string, v int64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = append(b, ',', '"')
+	b = append(b, key...)
+	b = append(b, '"', ':')
+	return strconv.AppendInt(b, v, 10)
+}
+
+func appendString(b []byte, key, v string, always bool) []byte {
+	if v == "" && !always {
+		return b
+	}
+	b = append(b, ',', '"')
+	b = append(b, key...)
+	b = append(b, '"', ':')
+	return appendQuoted(b, v)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendQuoted appends s as a JSON string: quotes, backslashes and control
+// characters escaped, invalid UTF-8 replaced by U+FFFD, and U+2028 and
+// U+2029 escaped so that a line is always one record.
+func appendQuoted(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i++
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// jsonRecord is the JSON form, for parsing.
+type jsonRecord struct {
+	Seq      uint64   `json:"seq"`
+	Time     string   `json:"time"`
+	Agent    string   `json:"agent"`
+	Kind     Kind     `json:"kind"`
+	Host     string   `json:"host"`
+	Port     uint16   `json:"port"`
+	Addr     string   `json:"addr"`
+	Method   string   `json:"method"`
+	Path     string   `json:"path"`
+	Status   int      `json:"status"`
+	Answers  int      `json:"answers"`
+	Allowed  *bool    `json:"allowed"`
+	Report   bool     `json:"report"`
+	Reason   string   `json:"reason"`
+	Rule     string   `json:"rule"`
+	Secret   string   `json:"secret"`
+	BytesUp  int64    `json:"bytes_up"`
+	Bytes    int64    `json:"bytes_down"`
+	Duration *float64 `json:"duration_ms"`
+	Open     bool     `json:"open"`
+}
+
+// ParseJSON parses one record in the form AppendJSON writes. A record
+// without "allowed" is an error, never an allowed record.
+func ParseJSON(line []byte) (Record, error) {
+	var j jsonRecord
+	if err := json.Unmarshal(line, &j); err != nil {
+		return Record{}, fmt.Errorf("egresslog: parse record: %w", err)
+	}
+	if j.Allowed == nil {
+		return Record{}, fmt.Errorf("egresslog: parse record: no %q field", FieldAllowed)
+	}
+	t, err := time.Parse(time.RFC3339Nano, j.Time)
+	if err != nil {
+		return Record{}, fmt.Errorf("egresslog: parse record: %w", err)
+	}
+	r := Record{
+		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port,
+		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
+		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret,
+		BytesUp: j.BytesUp, Bytes: j.Bytes, Open: j.Open,
+	}
+	if j.Addr != "" {
+		if r.Addr, err = netip.ParseAddrPort(j.Addr); err != nil {
+			return Record{}, fmt.Errorf("egresslog: parse record: %w", err)
+		}
+	}
+	if j.Duration != nil {
+		ns := *j.Duration * float64(time.Millisecond)
+		if math.IsNaN(ns) || ns > math.MaxInt64 || ns < math.MinInt64 {
+			return Record{}, fmt.Errorf("egresslog: parse record: duration %v out of range", *j.Duration)
+		}
+		r.Duration = time.Duration(math.Round(ns))
+	}
+	return r, nil
+}

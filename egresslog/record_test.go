@@ -1,0 +1,129 @@
+package egresslog
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+var goldenRecords = map[string]Record{
+	"dns_denied": {
+		Seq: 1, Time: time.Date(2026, 11, 29, 8, 0, 0, 123456789, time.UTC), Agent: "agent-1", Kind: KindDNS,
+		Host: "exfil-4f2a9c.evil.example", Method: "TXT", Status: 3, Allowed: false, Reason: "no allow entry matches the host",
+	},
+	"tls_spliced": {
+		Seq: 2, Time: time.Date(2026, 11, 29, 8, 0, 1, 0, time.UTC), Agent: "agent-1", Kind: KindTLS,
+		Host: "api.github.com", Port: 443, Addr: netip.MustParseAddrPort("140.82.112.6:443"), Allowed: true,
+		Reason: "allowed by rule", Rule: "*.github.com", BytesUp: 517, Bytes: 1 << 20, Duration: 1500 * time.Millisecond,
+	},
+	"http_injected": {
+		Seq: 3, Time: time.Date(2026, 11, 29, 8, 0, 2, 5000, time.UTC), Agent: "agent-2", Kind: KindHTTP,
+		Host: "api.anthropic.com", Port: 443, Addr: netip.MustParseAddrPort("[2607:6bc0::10]:443"), Method: "POST",
+		Path: "/v1/messages", Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "api.anthropic.com",
+		Secret: "anthropic", BytesUp: 1234, Bytes: 56789, Duration: 2345678 * time.Microsecond,
+	},
+	"report_escapes": {
+		Seq: 4, Time: time.Date(2026, 11, 29, 8, 0, 3, 0, time.UTC), Agent: "agent \"quoted\"", Kind: KindConnect,
+		Host: "weird\\host\n\t\x01", Port: 8443, Allowed: true, Report: true, Reason: "line\u2028sep\u2029 ünïcode",
+		Open: true,
+	},
+}
+
+// TestGoldenJSON pins the JSON form: fields, names and escaping. Run with
+// -update after a deliberate change, which must only add fields.
+func TestGoldenJSON(t *testing.T) {
+	for name, r := range goldenRecords {
+		t.Run(name, func(t *testing.T) {
+			got := r.AppendJSON(nil)
+			if !json.Valid(got) {
+				t.Fatalf("invalid JSON: %s", got)
+			}
+			path := filepath.Join("testdata", name+".golden.json")
+			if *update {
+				if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(append(got, '\n'), want) {
+				t.Errorf("JSON changed:\n got %s\nwant %s", got, want)
+			}
+			back, err := ParseJSON(bytes.TrimSpace(want))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(back, r) {
+				t.Errorf("round trip:\n got %+v\nwant %+v", back, r)
+			}
+		})
+	}
+}
+
+func TestParseJSONRefusesMissingAllowed(t *testing.T) {
+	if _, err := ParseJSON([]byte(`{"seq":1,"time":"2026-11-29T08:00:00Z","agent":"a","kind":"tls"}`)); err == nil {
+		t.Fatal("a record without allowed parsed")
+	}
+	for _, bad := range []string{`{`, `{"allowed":true,"time":"yesterday"}`, `{"allowed":true,"time":"2026-11-29T08:00:00Z","addr":"nope"}`, `{"allowed":true,"time":"2026-11-29T08:00:00Z","duration_ms":1e300}`} {
+		if _, err := ParseJSON([]byte(bad)); err == nil {
+			t.Errorf("ParseJSON(%s) succeeded", bad)
+		}
+	}
+}
+
+func TestSanitize(t *testing.T) {
+	r := Record{
+		Path:   "/v1/x?key=agenthold-placeholder-abc#frag",
+		Host:   strings.Repeat("h", 300),
+		Reason: strings.Repeat("é", 400), // 800 bytes
+		Agent:  strings.Repeat("a", 200),
+	}
+	r.sanitize()
+	if r.Path != "/v1/x" {
+		t.Errorf("Path kept its query: %q", r.Path)
+	}
+	if len(r.Host) != MaxHostLen || len(r.Agent) != MaxAgentLen {
+		t.Errorf("host %d, agent %d bytes", len(r.Host), len(r.Agent))
+	}
+	if len(r.Reason) > MaxReasonLen || !utf8.ValidString(r.Reason) {
+		t.Errorf("reason cut badly: %d bytes, valid=%v", len(r.Reason), utf8.ValidString(r.Reason))
+	}
+}
+
+func FuzzAppendJSON(f *testing.F) {
+	f.Add("agent", "host.example", "/path", "reason \"x\"", int64(1), int64(1500))
+	f.Add("\xff\xfe", "\u2028", "\x00", "\\", int64(-1), int64(0))
+	f.Fuzz(func(t *testing.T, agent, host, path, reason string, bytesUp, durMicros int64) {
+		r := Record{Seq: 9, Time: time.Unix(1700000000, 42).UTC(), Agent: agent, Kind: KindHTTP, Host: host, Path: path,
+			Reason: reason, BytesUp: bytesUp, Duration: time.Duration(durMicros%1e12) * time.Microsecond, Allowed: true}
+		b := r.AppendJSON(nil)
+		if !json.Valid(b) {
+			t.Fatalf("invalid JSON for %+v: %q", r, b)
+		}
+		if bytes.ContainsAny(b, "\n\r") {
+			t.Fatalf("raw newline in %q", b)
+		}
+		back, err := ParseJSON(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if utf8.ValidString(agent) && back.Agent != agent || utf8.ValidString(reason) && back.Reason != reason {
+			t.Fatalf("round trip changed strings: %+v vs %+v", back, r)
+		}
+		if back.BytesUp != bytesUp || back.Duration != r.Duration {
+			t.Fatalf("round trip changed numbers: %+v vs %+v", back, r)
+		}
+	})
+}

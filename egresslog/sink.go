@@ -1,0 +1,210 @@
+package egresslog
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+)
+
+// Sink receives every record from the Log's sink goroutine. WriteRecord
+// may be slow or fail: the Log counts failures and drops records while the
+// queue is full, and never waits for a sink. The *Record is valid only
+// during the call.
+type Sink interface {
+	WriteRecord(r *Record) error
+	// Flush is called when the queue is empty, so buffered sinks write out.
+	Flush() error
+}
+
+// drainSinks hands queued records to every sink until Close.
+func (l *Log) drainSinks() {
+	defer close(l.sinkDone)
+	r := new(Record) // reused: sinks must not keep the pointer
+	for *r = range l.sinkCh {
+		l.writeSinks(r)
+		if len(l.sinkCh) == 0 {
+			for _, s := range l.Sinks {
+				if err := s.Flush(); err != nil {
+					l.sinkErrors.Add(1)
+				}
+			}
+		}
+		l.idleMu.Lock()
+		if l.sinkPending.Add(-1) == 0 {
+			for _, w := range l.idleWaiters {
+				close(w)
+			}
+			l.idleWaiters = nil
+		}
+		l.idleMu.Unlock()
+	}
+}
+
+func (l *Log) writeSinks(r *Record) {
+	for _, s := range l.Sinks {
+		if err := s.WriteRecord(r); err != nil {
+			l.sinkErrors.Add(1)
+		}
+	}
+}
+
+// Close stops accepting records for the sinks, waits until the queued ones
+// are written or ctx is done, and flushes. The rings stay readable; records
+// added after Close reach the rings but not the sinks.
+func (l *Log) Close(ctx context.Context) error {
+	l.init()
+	var err error
+	l.closeOnce.Do(func() {
+		l.closed.Store(true)
+		if l.sinkCh == nil {
+			return
+		}
+		// Writers check closed and send under pubMu, so once it is held no
+		// send is in flight and none will start.
+		l.pubMu.Lock()
+		close(l.sinkCh)
+		l.pubMu.Unlock()
+		select {
+		case <-l.sinkDone:
+		case <-ctx.Done():
+			err = fmt.Errorf("egresslog: close: %w", ctx.Err())
+		}
+	})
+	return err
+}
+
+// Flush waits until every record queued so far has been written to the
+// sinks and the sinks flushed, or until ctx is done.
+func (l *Log) Flush(ctx context.Context) error {
+	l.init()
+	if l.sinkCh == nil {
+		return nil
+	}
+	l.idleMu.Lock()
+	if l.sinkPending.Load() == 0 {
+		l.idleMu.Unlock()
+		return nil
+	}
+	idle := make(chan struct{})
+	l.idleWaiters = append(l.idleWaiters, idle)
+	l.idleMu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("egresslog: flush: %w", ctx.Err())
+	}
+}
+
+// JSONSink writes one JSON object per line (the form of Record.AppendJSON)
+// to W, buffered and flushed when the Log's queue runs empty.
+type JSONSink struct {
+	mu  sync.Mutex
+	w   *bufio.Writer
+	buf []byte
+	c   io.Closer
+}
+
+// NewJSONSink returns a sink writing JSON lines to w.
+func NewJSONSink(w io.Writer) *JSONSink {
+	return &JSONSink{w: bufio.NewWriterSize(w, 64<<10)}
+}
+
+// OpenJSONFile opens (creating with mode 0600, appending) a file of JSON
+// lines that the sink owns; Close closes it.
+func OpenJSONFile(path string) (*JSONSink, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("egresslog: open %s: %w", path, err)
+	}
+	s := NewJSONSink(f)
+	s.c = f
+	return s, nil
+}
+
+// WriteRecord implements Sink.
+func (s *JSONSink) WriteRecord(r *Record) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf = r.AppendJSON(s.buf[:0])
+	s.buf = append(s.buf, '\n')
+	_, err := s.w.Write(s.buf)
+	return err
+}
+
+// Flush implements Sink.
+func (s *JSONSink) Flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Flush()
+}
+
+// Close flushes, and closes the file if the sink opened it.
+func (s *JSONSink) Close() error {
+	err := s.Flush()
+	if s.c != nil {
+		err = errors.Join(err, s.c.Close())
+	}
+	return err
+}
+
+// SlogSink writes each record as one log/slog line at Info (allowed) or
+// Warn (denied) level.
+type SlogSink struct {
+	Logger *slog.Logger // nil means slog.Default()
+}
+
+// WriteRecord implements Sink.
+func (s SlogSink) WriteRecord(r *Record) error {
+	lg := s.Logger
+	if lg == nil {
+		lg = slog.Default()
+	}
+	level, msg := slog.LevelInfo, "egress allowed"
+	if !r.Allowed || r.Report {
+		level, msg = slog.LevelWarn, "egress denied"
+	}
+	attrs := []slog.Attr{
+		slog.String(FieldAgent, r.Agent),
+		slog.String(FieldKind, string(r.Kind)),
+		slog.String(FieldHost, r.Host),
+		slog.Int(FieldPort, int(r.Port)),
+		slog.Bool(FieldAllowed, r.Allowed),
+	}
+	add := func(key, v string) {
+		if v != "" {
+			attrs = append(attrs, slog.String(key, v))
+		}
+	}
+	add(FieldMethod, r.Method)
+	add(FieldPath, r.Path)
+	add(FieldReason, r.Reason)
+	add(FieldRule, r.Rule)
+	add(FieldSecret, r.Secret)
+	if r.Addr.IsValid() {
+		attrs = append(attrs, slog.String(FieldAddr, r.Addr.String()))
+	}
+	if r.Report {
+		attrs = append(attrs, slog.Bool(FieldReport, true))
+	}
+	if r.Status != 0 {
+		attrs = append(attrs, slog.Int(FieldStatus, r.Status))
+	}
+	if r.BytesUp != 0 || r.Bytes != 0 {
+		attrs = append(attrs, slog.Int64(FieldBytesUp, r.BytesUp), slog.Int64(FieldBytes, r.Bytes))
+	}
+	if r.Duration != 0 {
+		attrs = append(attrs, slog.Duration("duration", r.Duration.Round(time.Microsecond)))
+	}
+	lg.LogAttrs(context.Background(), level, msg, attrs...)
+	return nil
+}
+
+// Flush implements Sink.
+func (SlogSink) Flush() error { return nil }

@@ -1,0 +1,57 @@
+package egresslog
+
+import "maps"
+
+// Stats are an agent's counters since it was first recorded, for a
+// metrics exporter.
+type Stats struct {
+	Records        uint64            // records of every kind
+	Denied         uint64            // denied records (report-mode ones included)
+	DeniedByReason map[string]uint64 // denials by reason; at most 64 reasons, the rest under "other"
+	Injected       uint64            // requests that carried an injected secret
+	BytesUp        uint64            // agent towards destinations
+	Bytes          uint64            // destinations back to the agent
+}
+
+func (s *Stats) add(r *Record) {
+	s.Records++
+	if !r.Allowed || r.Report {
+		s.Denied++
+		reason := r.Reason
+		if _, ok := s.DeniedByReason[reason]; !ok && len(s.DeniedByReason) >= maxReasonKeys {
+			reason = "other"
+		}
+		s.DeniedByReason[reason]++
+	}
+	if r.Secret != "" {
+		s.Injected++
+	}
+	if r.BytesUp > 0 {
+		s.BytesUp += uint64(r.BytesUp)
+	}
+	if r.Bytes > 0 {
+		s.Bytes += uint64(r.Bytes)
+	}
+}
+
+// Stats returns a copy of each agent's counters.
+func (l *Log) Stats() map[string]Stats {
+	l.init()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	out := make(map[string]Stats, len(l.agents))
+	for name, a := range l.agents {
+		a.mu.Lock()
+		s := a.stats
+		s.DeniedByReason = maps.Clone(a.stats.DeniedByReason)
+		a.mu.Unlock()
+		out[name] = s
+	}
+	return out
+}
+
+// SinkStats reports how many records the sinks missed because their queue
+// was full, and how many sink writes failed.
+func (l *Log) SinkStats() (dropped, failed uint64) {
+	return l.sinkDropped.Load(), l.sinkErrors.Load()
+}
