@@ -202,6 +202,20 @@ func (p *Policy) Decide(host string, port uint16) Decision {
 	if !errors.Is(err, netguard.ErrNotLiteral) {
 		return Decision{Reason: ReasonInvalidHost}
 	}
+	return p.decideName(host, port, false)
+}
+
+// DecideName answers whether a name may be resolved: whether an allow
+// entry matches it on any port (DNS carries no port; the connection is
+// judged with its port later). An IP literal is not a name, and is denied.
+func (p *Policy) DecideName(host string) Decision {
+	if d, done := p.modeDecision(); done {
+		return d
+	}
+	return p.decideName(host, 0, true)
+}
+
+func (p *Policy) decideName(host string, port uint16, anyPort bool) Decision {
 	name, err := NormalizeName(host)
 	if err != nil {
 		return Decision{Reason: ReasonInvalidHost}
@@ -209,13 +223,13 @@ func (p *Policy) Decide(host string, port uint16) Decision {
 	if p.mode == Open {
 		return Decision{Allowed: true, Reason: ReasonOpen}
 	}
-	miss := Decision{Reason: ReasonNoRule}
-	if d, ok := matchRules(p.exact[name], port, &miss); ok {
+	m := matcher{port: port, anyPort: anyPort, miss: Decision{Reason: ReasonNoRule}}
+	if d, ok := m.match(p.exact[name]); ok {
 		return d
 	}
 	for i := strings.IndexByte(name, '.'); i >= 0; {
 		suffix := name[i+1:]
-		if d, ok := matchRules(p.wildcard[suffix], port, &miss); ok {
+		if d, ok := m.match(p.wildcard[suffix]); ok {
 			return d
 		}
 		j := strings.IndexByte(suffix, '.')
@@ -224,10 +238,10 @@ func (p *Policy) Decide(host string, port uint16) Decision {
 		}
 		i += 1 + j
 	}
-	if d, ok := matchRules(p.any, port, &miss); ok {
+	if d, ok := m.match(p.any); ok {
 		return d
 	}
-	return p.finish(miss)
+	return p.finish(m.miss)
 }
 
 // DecideAddr answers whether an address may be reached on port, by the
@@ -246,15 +260,15 @@ func (p *Policy) decideAddr(a netip.Addr, port uint16) Decision {
 	if p.mode == Open {
 		return Decision{Allowed: true, Reason: ReasonOpen}
 	}
-	miss := Decision{Reason: ReasonNoRule}
+	m := matcher{port: port, miss: Decision{Reason: ReasonNoRule}}
 	rules, _ := p.prefixes.Lookup(a.WithZone("").Unmap())
-	if d, ok := matchRules(rules, port, &miss); ok {
+	if d, ok := m.match(rules); ok {
 		return d
 	}
-	if d, ok := matchRules(p.any, port, &miss); ok {
+	if d, ok := m.match(p.any); ok {
 		return d
 	}
-	return p.finish(miss)
+	return p.finish(m.miss)
 }
 
 // modeDecision settles the decision for policies that need no matching.
@@ -278,16 +292,22 @@ func (p *Policy) finish(d Decision) Decision {
 	return d
 }
 
-// matchRules returns an allowing decision for the first rule that allows
-// port. If rules match the host but none the port, miss records that.
-func matchRules(rules []rule, port uint16, miss *Decision) (Decision, bool) {
+// matcher finds the first rule that allows a port (or any port), and
+// remembers a rule that matched the host but not the port.
+type matcher struct {
+	port    uint16
+	anyPort bool
+	miss    Decision
+}
+
+func (m *matcher) match(rules []rule) (Decision, bool) {
 	for i := range rules {
-		if rules[i].allowsPort(port) {
+		if m.anyPort || rules[i].allowsPort(m.port) {
 			return Decision{Allowed: true, Rule: rules[i].text, Reason: ReasonAllowedByRule}, true
 		}
 	}
-	if len(rules) > 0 && miss.Rule == "" {
-		*miss = Decision{Rule: rules[0].text, Reason: ReasonPortNotListed}
+	if len(rules) > 0 && m.miss.Rule == "" {
+		m.miss = Decision{Rule: rules[0].text, Reason: ReasonPortNotListed}
 	}
 	return Decision{}, false
 }

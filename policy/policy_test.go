@@ -318,3 +318,32 @@ func FuzzNormalizeName(f *testing.F) {
 		}
 	})
 }
+
+func TestDecideName(t *testing.T) {
+	p := mustNew(t, Config{Mode: Allowlist, Allow: []string{"github.com:22", "*.npmjs.org:8443", "203.0.113.0/24"}})
+	tests := []struct {
+		host  string
+		allow bool
+		rule  string
+	}{
+		{"github.com", true, "github.com:22"},
+		{"GITHUB.com.", true, "github.com:22"},
+		{"api.github.com", false, ""},
+		{"registry.npmjs.org", true, "*.npmjs.org:8443"},
+		{"npmjs.org", false, ""},
+		{"203.0.113.9", false, ""}, // an address is not a name to resolve
+		{"exfil-0123456789abcdef.evil.example", false, ""},
+	}
+	for _, tt := range tests {
+		d := p.DecideName(tt.host)
+		if d.Allowed != tt.allow || d.Rule != tt.rule {
+			t.Errorf("DecideName(%q) = %+v, want allowed=%v rule=%q", tt.host, d, tt.allow, tt.rule)
+		}
+	}
+	if d := Deny("policy file absent").DecideName("github.com"); d.Allowed || d.Reason != "policy file absent" {
+		t.Errorf("deny-all DecideName = %+v", d)
+	}
+	if d := mustNew(t, Config{Mode: Open}).DecideName("anything.example"); !d.Allowed {
+		t.Errorf("open DecideName = %+v", d)
+	}
+}

@@ -1,0 +1,96 @@
+package dnsfilter
+
+import (
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Cache bounds.
+const (
+	DefaultCacheSize = 10000
+	maxCacheTTL      = time.Hour
+	maxNegativeTTL   = 5 * time.Minute
+)
+
+// cacheKey identifies an upstream answer. The name is lower case; the
+// answer is the same for every agent (filtering is per agent, afterwards).
+type cacheKey struct {
+	name  string
+	qtype uint16
+	do    bool // DNSSEC OK: the answer carries signatures
+}
+
+type cacheEntry struct {
+	msg     *dns.Msg // the upstream answer, never modified
+	stored  time.Time
+	expires time.Time
+}
+
+// cache keeps upstream answers for their TTL, up to size entries; when it
+// is full, an arbitrary entry makes room (Go's map order), which is cheap
+// and good enough for a bound that only matters under abuse.
+type cache struct {
+	size int
+
+	mu      sync.Mutex
+	entries map[cacheKey]cacheEntry
+}
+
+func newCache(size int) *cache {
+	return &cache{size: size, entries: make(map[cacheKey]cacheEntry)}
+}
+
+// get returns a cached answer and how long it has been cached.
+func (c *cache) get(k cacheKey, now time.Time) (*dns.Msg, time.Duration, bool) {
+	c.mu.Lock()
+	e, ok := c.entries[k]
+	if ok && !now.Before(e.expires) {
+		delete(c.entries, k)
+		ok = false
+	}
+	c.mu.Unlock()
+	if !ok {
+		return nil, 0, false
+	}
+	return e.msg, now.Sub(e.stored), true
+}
+
+// put stores an answer for its TTL: the smallest TTL of its records, or
+// for a negative answer the SOA's, bounded. Answers with a zero TTL, and
+// failures, are not stored.
+func (c *cache) put(k cacheKey, m *dns.Msg, now time.Time) {
+	ttl, ok := cacheTTL(m)
+	if !ok || ttl <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, exists := c.entries[k]; !exists && len(c.entries) >= c.size {
+		for old := range c.entries {
+			delete(c.entries, old)
+			break
+		}
+	}
+	c.entries[k] = cacheEntry{msg: m, stored: now, expires: now.Add(ttl)}
+}
+
+func cacheTTL(m *dns.Msg) (time.Duration, bool) {
+	switch {
+	case m.Rcode == dns.RcodeSuccess && len(m.Answer) > 0:
+		ttl := uint32(1<<32 - 1)
+		for _, rr := range m.Answer {
+			ttl = min(ttl, rr.Header().Ttl)
+		}
+		return min(time.Duration(ttl)*time.Second, maxCacheTTL), true
+	case m.Rcode == dns.RcodeNameError || m.Rcode == dns.RcodeSuccess:
+		for _, rr := range m.Ns {
+			if soa, ok := rr.(*dns.SOA); ok {
+				ttl := min(soa.Hdr.Ttl, soa.Minttl)
+				return min(time.Duration(ttl)*time.Second, maxNegativeTTL), true
+			}
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,35 @@
+// Package dnsfilter is the DNS server the sandboxes use. It answers by the
+// policy of the agent behind each query's source address, refuses to be a
+// channel out, and remembers which name each address came from.
+//
+// A name the agent's policy does not allow gets NXDOMAIN at once and is
+// never forwarded, so long random labels and TXT queries for denied names
+// carry nothing out; under a deny-all policy every lookup still gets its
+// NXDOMAIN quickly instead of hanging. An unknown source gets REFUSED. An
+// allowed name is forwarded to the upstream resolvers (by default those of
+// /etc/resolv.conf) over UDP, again over TCP when the answer is truncated,
+// with a fresh ID, only the EDNS0 buffer size and DO bit of the client's
+// options, and the answer's question checked. The answer is then filtered
+// for the agent: every name in a CNAME chain must be allowed, address
+// records (and SVCB/HTTPS address hints) that netguard would refuse for
+// this agent are removed, and records outside the chain are dropped.
+//
+// Every address the agent is given is remembered as address → name for
+// the record's TTL, bounded below and above ([Server.Names]): tproxy judges
+// TCP that is neither TLS nor HTTP by the name the agent resolved. Answers
+// are cached by TTL, concurrent identical queries share one upstream
+// exchange, and every query is recorded in egresslog.
+//
+// Typical use:
+//
+//	srv := &dnsfilter.Server{
+//		Agents: func(src netip.Addr) (string, *policy.Policy, bool) { return agents.Lookup(src) },
+//		Guard:  guard,
+//		Log:    log,
+//	}
+//	go srv.ListenAndServe("10.88.0.1:15053")
+//	defer srv.Shutdown(ctx)
+//
+// dnsfilter does not redirect the sandbox's DNS to itself: tproxy's
+// nftables rules do.
+package dnsfilter

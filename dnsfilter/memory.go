@@ -1,0 +1,129 @@
+package dnsfilter
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Defaults for the address memory.
+const (
+	DefaultMinTTL         = 5 * time.Minute // an answer is remembered at least this long
+	DefaultMaxTTL         = time.Hour       // and at most this long
+	DefaultMemoryPerAgent = 8192            // remembered (address, name) pairs per agent
+	maxNamesPerAddr       = 8
+)
+
+// memory remembers, per agent, which names each address was an answer
+// for: "the name the agent resolved to that address". Entries live for
+// their record's TTL bounded by [minTTL, maxTTL]; each agent keeps at most
+// perAgent pairs, evicting the oldest first.
+type memory struct {
+	minTTL, maxTTL time.Duration
+	perAgent       int
+
+	mu     sync.Mutex
+	agents map[string]*agentMemory
+}
+
+type agentMemory struct {
+	byAddr map[netip.Addr][]remembered
+	order  []pair // insertion order, oldest first, for eviction
+	head   int    // index of the oldest live element of order
+}
+
+type remembered struct {
+	name    string
+	expires time.Time
+}
+
+type pair struct {
+	addr netip.Addr
+	name string
+}
+
+func newMemory(minTTL, maxTTL time.Duration, perAgent int) *memory {
+	return &memory{minTTL: minTTL, maxTTL: maxTTL, perAgent: perAgent, agents: map[string]*agentMemory{}}
+}
+
+// remember records that name resolved to addr for agent, for ttl bounded.
+func (m *memory) remember(agent string, addr netip.Addr, name string, ttl time.Duration, now time.Time) {
+	ttl = min(max(ttl, m.minTTL), m.maxTTL)
+	addr = addr.Unmap()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.agents[agent]
+	if a == nil {
+		a = &agentMemory{byAddr: map[netip.Addr][]remembered{}}
+		m.agents[agent] = a
+	}
+	names := a.byAddr[addr]
+	for i := range names {
+		if names[i].name == name {
+			names[i].expires = now.Add(ttl)
+			return
+		}
+	}
+	if len(names) >= maxNamesPerAddr {
+		// Replace the entry that expires first.
+		i := 0
+		for j := range names {
+			if names[j].expires.Before(names[i].expires) {
+				i = j
+			}
+		}
+		names[i] = remembered{name, now.Add(ttl)}
+		return
+	}
+	a.byAddr[addr] = append(names, remembered{name, now.Add(ttl)})
+	a.order = append(a.order, pair{addr, name})
+	for len(a.order)-a.head > m.perAgent {
+		a.forget(a.order[a.head])
+		a.order[a.head] = pair{}
+		a.head++
+	}
+	if a.head > len(a.order)/2 { // compact
+		a.order = slices.Clone(a.order[a.head:])
+		a.head = 0
+	}
+}
+
+func (a *agentMemory) forget(p pair) {
+	names := a.byAddr[p.addr]
+	for i := range names {
+		if names[i].name == p.name {
+			names = slices.Delete(names, i, i+1)
+			break
+		}
+	}
+	if len(names) == 0 {
+		delete(a.byAddr, p.addr)
+	} else {
+		a.byAddr[p.addr] = names
+	}
+}
+
+// names returns the unexpired names addr was an answer for.
+func (m *memory) names(agent string, addr netip.Addr, now time.Time) []string {
+	addr = addr.Unmap()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.agents[agent]
+	if a == nil {
+		return nil
+	}
+	var out []string
+	for _, r := range a.byAddr[addr] {
+		if now.Before(r.expires) {
+			out = append(out, r.name)
+		}
+	}
+	return out
+}
+
+func (m *memory) forgetAgent(agent string) {
+	m.mu.Lock()
+	delete(m.agents, agent)
+	m.mu.Unlock()
+}

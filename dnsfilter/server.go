@@ -1,0 +1,432 @@
+package dnsfilter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// AgentFunc identifies the agent behind a query's source address and
+// returns its current policy. ok false means the source is unknown, and the
+// query is refused.
+type AgentFunc func(src netip.Addr) (agent string, p *policy.Policy, ok bool)
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("dnsfilter: server closed")
+
+// Defaults for a Server's zero fields.
+const (
+	DefaultTimeout     = 2 * time.Second
+	DefaultMaxInFlight = 1024
+)
+
+// Reasons recorded for queries that never reach the policy.
+const (
+	ReasonUnknownSource = "query from an unknown source"
+	ReasonBadClass      = "query class is not IN"
+	ReasonZoneTransfer  = "zone transfers are refused"
+	ReasonOverloaded    = "too many queries in flight"
+)
+
+// Server is the sandboxes' DNS server. The zero Server refuses every query
+// (it knows no agent); set Agents to serve. A Server is safe for
+// concurrent use; set its fields before serving.
+type Server struct {
+	// Agents identifies the agent behind a source address; nil refuses all.
+	Agents AgentFunc
+	// Upstreams are the resolvers allowed names go to, as "host:port",
+	// tried in order; nil means the name servers of /etc/resolv.conf.
+	Upstreams []string
+	// Guard classifies answer addresses; nil means netguard's built-in
+	// classification.
+	Guard *netguard.Guard
+	// Log receives one record per query; nil records nothing.
+	Log *egresslog.Log
+	// Logger receives operational messages; nil discards them.
+	Logger *slog.Logger
+	// Timeout bounds the upstream exchange of one query; zero means
+	// DefaultTimeout.
+	Timeout time.Duration
+	// TrustCNAME accepts CNAME targets the policy does not name. By default
+	// every name in a CNAME chain must be allowed.
+	TrustCNAME bool
+	// CacheSize bounds the answer cache; zero means DefaultCacheSize, and a
+	// negative size disables the cache.
+	CacheSize int
+	// MinTTL and MaxTTL bound how long an answer's addresses are remembered
+	// for Names; zero means DefaultMinTTL and DefaultMaxTTL.
+	MinTTL, MaxTTL time.Duration
+	// MemoryPerAgent bounds the remembered (address, name) pairs per agent;
+	// zero means DefaultMemoryPerAgent.
+	MemoryPerAgent int
+	// MaxInFlight bounds queries waiting for an upstream; beyond it new
+	// queries get SERVFAIL at once. Zero means DefaultMaxInFlight.
+	MaxInFlight int
+
+	initOnce  sync.Once
+	cache     *cache
+	mem       *memory
+	flight    singleflight.Group
+	slots     chan struct{}
+	upstreams []string
+	upErr     error
+
+	mu      sync.Mutex
+	servers []*dns.Server
+	closed  bool
+}
+
+func (s *Server) init() {
+	s.initOnce.Do(func() {
+		if s.CacheSize >= 0 {
+			s.cache = newCache(cmp(s.CacheSize, DefaultCacheSize))
+		}
+		s.mem = newMemory(cmpDur(s.MinTTL, DefaultMinTTL), cmpDur(s.MaxTTL, DefaultMaxTTL), cmp(s.MemoryPerAgent, DefaultMemoryPerAgent))
+		s.slots = make(chan struct{}, cmp(s.MaxInFlight, DefaultMaxInFlight))
+		s.upstreams = s.Upstreams
+		if s.upstreams == nil {
+			s.upstreams, s.upErr = SystemUpstreams()
+			if s.upErr != nil {
+				s.logger().Error("no upstream resolver: allowed names will get SERVFAIL", "err", s.upErr)
+			}
+		}
+	})
+}
+
+func cmp(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func cmpDur(v, def time.Duration) time.Duration {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Names returns the names that addr was an answer for, to this agent,
+// within their remembered TTL: what tproxy judges other TCP by.
+func (s *Server) Names(agent string, addr netip.Addr) []string {
+	s.init()
+	return s.mem.names(agent, addr, time.Now())
+}
+
+// ForgetAgent drops what the server remembers for an agent.
+func (s *Server) ForgetAgent(agent string) {
+	s.init()
+	s.mem.forgetAgent(agent)
+}
+
+// ListenAndServe serves DNS over UDP and TCP on addr.
+func (s *Server) ListenAndServe(addr string) error {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return fmt.Errorf("dnsfilter: %w", err)
+	}
+	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		pc.Close()
+		return fmt.Errorf("dnsfilter: %w", err)
+	}
+	return s.Serve(pc, ln)
+}
+
+// Serve answers queries on pc (UDP) and ln (TCP), either of which may be
+// nil, until Shutdown or Close; it then returns ErrServerClosed. It takes
+// ownership of both.
+func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
+	s.init()
+	var servers []*dns.Server
+	common := func(d *dns.Server) *dns.Server {
+		d.Handler = s
+		d.MsgAcceptFunc = acceptQuery
+		d.ReadTimeout = 5 * time.Second
+		d.WriteTimeout = 5 * time.Second
+		d.IdleTimeout = func() time.Duration { return 10 * time.Second }
+		d.UDPSize = dns.MaxMsgSize
+		return d
+	}
+	if pc != nil {
+		servers = append(servers, common(&dns.Server{PacketConn: pc, Net: "udp"}))
+	}
+	if ln != nil {
+		servers = append(servers, common(&dns.Server{Listener: ln, Net: "tcp"}))
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		for _, d := range servers {
+			closeServerConn(d)
+		}
+		return ErrServerClosed
+	}
+	s.servers = append(s.servers, servers...)
+	s.mu.Unlock()
+
+	errc := make(chan error, len(servers))
+	for _, d := range servers {
+		go func() { errc <- d.ActivateAndServe() }()
+	}
+	var first error
+	for range servers {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+		}
+	}
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrServerClosed
+	}
+	return first
+}
+
+func closeServerConn(d *dns.Server) {
+	if d.PacketConn != nil {
+		d.PacketConn.Close()
+	}
+	if d.Listener != nil {
+		d.Listener.Close()
+	}
+}
+
+// Shutdown stops serving and waits for queries in progress, until ctx is
+// done.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	servers := s.servers
+	s.servers = nil
+	s.mu.Unlock()
+	var errs []error
+	for _, d := range servers {
+		if err := d.ShutdownContext(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close stops serving at once. It is safe to call more than once.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = s.Shutdown(ctx) // a cancelled shutdown reports only the cancellation
+	return nil
+}
+
+// acceptQuery admits standard queries with one question and nothing in
+// the answer and authority sections; responses are ignored (never
+// answered, so that the server cannot be turned on itself); other opcodes
+// get NOTIMP; anything else gets FORMERR.
+func acceptQuery(h dns.Header) dns.MsgAcceptAction {
+	const qrBit = 1 << 15
+	switch {
+	case h.Bits&qrBit != 0:
+		return dns.MsgIgnore
+	case int(h.Bits>>11)&0xF != dns.OpcodeQuery:
+		return dns.MsgRejectNotImplemented
+	case h.Qdcount != 1, h.Ancount != 0, h.Nscount != 0, h.Arcount > 1:
+		return dns.MsgReject
+	}
+	return dns.MsgAccept
+}
+
+// ServeDNS answers one query; it implements dns.Handler.
+func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	s.init()
+	start := time.Now()
+	resp, rec := s.answer(w, req)
+	rec.Time = start
+	rec.Kind = egresslog.KindDNS
+	rec.Status = resp.Rcode
+	rec.Answers = len(resp.Answer)
+	rec.Duration = time.Since(start)
+	if s.Log != nil {
+		s.Log.Record(rec)
+	}
+	size := dns.MaxMsgSize
+	if isUDP(w) {
+		size = dns.MinMsgSize
+		if opt := req.IsEdns0(); opt != nil {
+			size = max(dns.MinMsgSize, min(int(opt.UDPSize()), upstreamUDPSize))
+		}
+	}
+	resp.Truncate(size)
+	if err := w.WriteMsg(resp); err != nil {
+		s.logger().Debug("dns write failed", "err", err)
+	}
+}
+
+// answer decides and builds the response to one query, and the record of
+// it.
+func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog.Record) {
+	resp := new(dns.Msg)
+	resp.SetReply(req)
+	resp.RecursionAvailable = true
+	var rec egresslog.Record
+	opt := req.IsEdns0()
+	if opt != nil {
+		resp.SetEdns0(upstreamUDPSize, opt.Do())
+	}
+	if len(req.Question) != 1 {
+		resp.Rcode = dns.RcodeFormatError
+		rec.Reason = "not exactly one question"
+		return resp, rec
+	}
+	q := req.Question[0]
+	rec.Host = strings.TrimSuffix(q.Name, ".")
+	rec.Method = typeString(q.Qtype)
+
+	agent, pol, ok := "", (*policy.Policy)(nil), false
+	if src, srcOK := remoteAddr(w); srcOK && s.Agents != nil {
+		agent, pol, ok = s.Agents(src)
+	}
+	rec.Agent = agent
+	switch {
+	case !ok:
+		return blocked(resp, dns.RcodeRefused, ReasonUnknownSource), withReason(rec, ReasonUnknownSource)
+	case q.Qclass != dns.ClassINET:
+		resp.Rcode = dns.RcodeFormatError
+		return resp, withReason(rec, ReasonBadClass)
+	case q.Qtype == dns.TypeAXFR || q.Qtype == dns.TypeIXFR:
+		resp.Rcode = dns.RcodeRefused
+		return resp, withReason(rec, ReasonZoneTransfer)
+	}
+	d := pol.DecideName(rec.Host)
+	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
+	if !d.Allowed {
+		return blocked(resp, dns.RcodeNameError, d.Reason), rec
+	}
+
+	do := opt != nil && opt.Do()
+	up, age, err := s.resolve(req, q, do)
+	if err != nil {
+		resp.Rcode = dns.RcodeServerFailure
+		rec.Reason = "upstream failed: " + err.Error()
+		return resp, rec
+	}
+	a := filter(up, q, filterOptions{
+		policy:       pol,
+		guard:        s.Guard,
+		allowPrivate: pol.AllowPrivateNetworks(),
+		trustCNAME:   s.TrustCNAME,
+		age:          age,
+	})
+	if a.denied {
+		rec.Allowed, rec.Reason, rec.Rule = d.Report, a.why, a.rule
+		if !d.Report {
+			return blocked(resp, dns.RcodeNameError, a.why), rec
+		}
+	}
+	resp.Rcode = a.rcode
+	resp.Answer = a.records
+	resp.Ns = a.soa
+	if a.removed > 0 {
+		rec.Reason = a.why
+	}
+	now := time.Now()
+	for _, r := range a.addrs {
+		s.mem.remember(agent, r.addr, rec.Host, r.ttl, now)
+	}
+	return resp, rec
+}
+
+// resolve returns the upstream answer to q, from the cache or from one
+// exchange shared by every concurrent asker, and how long it was cached.
+func (s *Server) resolve(req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
+	key := cacheKey{name: strings.ToLower(q.Name), qtype: q.Qtype, do: do}
+	now := time.Now()
+	if s.cache != nil {
+		if m, age, ok := s.cache.get(key, now); ok {
+			return m, age, nil
+		}
+	}
+	if s.upErr != nil {
+		return nil, 0, s.upErr
+	}
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		return nil, 0, errors.New(ReasonOverloaded)
+	}
+	flightKey := key.name + "/" + strconv.Itoa(int(key.qtype)) + "/" + strconv.FormatBool(do)
+	v, err, _ := s.flight.Do(flightKey, func() (any, error) {
+		q.Name = key.name // ask in canonical case; the answer is matched case-insensitively
+		m, err := exchange(context.Background(), s.upstreams, upstreamQuery(req, q, do), cmpDur(s.Timeout, DefaultTimeout))
+		if err != nil {
+			return nil, err
+		}
+		if s.cache != nil {
+			s.cache.put(key, m, time.Now())
+		}
+		return m, nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return v.(*dns.Msg), 0, nil
+}
+
+// blocked sets rcode and, when the client speaks EDNS0, an Extended DNS
+// Error "Blocked" (RFC 8914) saying why.
+func blocked(resp *dns.Msg, rcode int, why string) *dns.Msg {
+	resp.Rcode = rcode
+	if opt := resp.IsEdns0(); opt != nil {
+		opt.Option = append(opt.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeBlocked, ExtraText: why})
+	}
+	return resp
+}
+
+func withReason(r egresslog.Record, why string) egresslog.Record {
+	r.Reason = why
+	return r
+}
+
+func typeString(t uint16) string {
+	if s, ok := dns.TypeToString[t]; ok {
+		return s
+	}
+	return "TYPE" + strconv.Itoa(int(t))
+}
+
+func remoteAddr(w dns.ResponseWriter) (netip.Addr, bool) {
+	switch a := w.RemoteAddr().(type) {
+	case *net.UDPAddr:
+		return a.AddrPort().Addr().Unmap(), true
+	case *net.TCPAddr:
+		return a.AddrPort().Addr().Unmap(), true
+	}
+	return netip.Addr{}, false
+}
+
+func isUDP(w dns.ResponseWriter) bool {
+	_, ok := w.RemoteAddr().(*net.UDPAddr)
+	return ok
+}

@@ -1,0 +1,149 @@
+package dnsfilter
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// zone is the authoritative test zone the upstream serves. Addresses are
+// data only: no test sends traffic to them.
+var zone = map[string][]string{
+	"a.test.":          {"a.test. 60 IN A 140.82.112.3", "a.test. 60 IN AAAA 2606:50c0:8000::153"},
+	"private.test.":    {"private.test. 60 IN A 10.0.0.5"},
+	"meta.test.":       {"meta.test. 60 IN A 169.254.169.254"},
+	"mixed.test.":      {"mixed.test. 60 IN A 140.82.112.4", "mixed.test. 60 IN A 127.0.0.1"},
+	"cname.test.":      {"cname.test. 60 IN CNAME a.test.", "a.test. 60 IN A 140.82.112.3"},
+	"cdn.test.":        {"cdn.test. 60 IN CNAME edge.cdn.example.", "edge.cdn.example. 60 IN A 140.82.112.9"},
+	"loop.test.":       {"loop.test. 60 IN CNAME loop2.test.", "loop2.test. 60 IN CNAME loop.test."},
+	"stray.test.":      {"stray.test. 60 IN A 140.82.112.5", "other.example. 60 IN A 140.82.112.6"},
+	"txt.test.":        {`txt.test. 60 IN TXT "hello"`},
+	"zero.test.":       {"zero.test. 0 IN A 140.82.112.7"},
+	"svcb.test.":       {`svcb.test. 60 IN HTTPS 1 . alpn="h2" ipv4hint="127.0.0.1"`},
+	"svcbok.test.":     {`svcbok.test. 60 IN HTTPS 1 . alpn="h2" ipv4hint="140.82.112.8"`},
+	"tenth.example.":   {"tenth.example. 60 IN A 140.82.112.10"},
+	"exfil.evil.test.": {`exfil.evil.test. 60 IN TXT "never asked"`},
+}
+
+// upstream is a real DNS server on loopback, authoritative for zone, that
+// counts the queries it receives by name and can misbehave on demand.
+type upstream struct {
+	addr string
+
+	mu      sync.Mutex
+	queries map[string]int
+	lastOpt *dns.OPT
+}
+
+func startUpstream(t testing.TB) *upstream {
+	t.Helper()
+	u := &upstream{queries: map[string]int{}}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.addr = pc.LocalAddr().String()
+	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: u}, {Listener: ln, Handler: u}} {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		go srv.ActivateAndServe()
+		<-started
+		t.Cleanup(func() { srv.Shutdown() })
+	}
+	return u
+}
+
+func (u *upstream) count(name string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.queries[strings.ToLower(dns.Fqdn(name))]
+}
+
+func (u *upstream) total() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for _, c := range u.queries {
+		n += c
+	}
+	return n
+}
+
+func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
+	q := r.Question[0]
+	name := strings.ToLower(q.Name)
+	u.mu.Lock()
+	u.queries[name]++
+	u.lastOpt = r.IsEdns0()
+	u.mu.Unlock()
+
+	m := new(dns.Msg)
+	m.SetReply(r)
+	m.Authoritative = true
+	switch {
+	case name == "slow.test.":
+		time.Sleep(2 * time.Second) // a slow server, beyond the filter's timeout
+	case name == "wrongq.test.":
+		m.Question[0].Name = "other.test."
+	case name == "big.test.":
+		for i := 0; i < 60; i++ {
+			m.Answer = append(m.Answer, mustRR(fmt.Sprintf("big.test. 60 IN A 140.82.113.%d", i)))
+		}
+	default:
+		rrs, ok := zone[name]
+		if !ok {
+			m.Rcode = dns.RcodeNameError
+			m.Ns = []dns.RR{mustRR("test. 60 IN SOA ns.test. admin.test. 1 3600 600 86400 30")}
+		}
+		for _, s := range rrs {
+			rr := mustRR(s)
+			if rr.Header().Rrtype == q.Qtype || rr.Header().Rrtype == dns.TypeCNAME || q.Qtype == dns.TypeANY {
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+	}
+	size := dns.MinMsgSize
+	if opt := r.IsEdns0(); opt != nil {
+		size = int(opt.UDPSize())
+	}
+	if _, udp := w.RemoteAddr().(*net.UDPAddr); udp {
+		m.Truncate(size)
+	}
+	w.WriteMsg(m)
+}
+
+func mustRR(s string) dns.RR {
+	rr, err := dns.NewRR(s)
+	if err != nil {
+		panic(err)
+	}
+	return rr
+}
+
+// deadUpstream returns an address where nothing answers: a UDP socket that
+// reads and never replies, so queries time out.
+func deadUpstream(t testing.TB) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			if _, _, err := pc.ReadFrom(buf); err != nil {
+				return
+			}
+		}
+	}()
+	return pc.LocalAddr().String()
+}
