@@ -1,0 +1,44 @@
+// Package tproxy is the transparent TCP proxy, the explicit proxy, and the
+// nftables rules that feed them.
+//
+// A sandbox's TCP arrives redirected by nftables; the proxy reads the
+// original destination (SO_ORIGINAL_DST, IP6T_SO_ORIGINAL_DST), finds the
+// agent by source address, and decides by name: TLS by the server name of
+// the ClientHello (read whole, however many TCP segments or TLS records it
+// spans), plain HTTP by the Host of every request on the connection, other
+// TCP by the name the agent resolved to that address through dnsfilter. An
+// address or prefix rule (and open mode) allows the address itself. It
+// then connects to what the name resolves to on the gateway, on the
+// original port, through netguard's dial-time check, so a forged SNI or a
+// hosts-file entry in the sandbox reaches nothing new.
+//
+// Allowed connections are spliced by the kernel (io.Copy between two
+// *net.TCPConn), half-closed in each direction, closed when idle (read
+// from TCP_INFO, since spliced bytes never reach user space), and recorded
+// in egresslog when they close. Server-first protocols work: while the
+// client is silent the proxy has already dialled the name the agent
+// resolved, and the server's greeting flows. TLS for hosts an Interceptor
+// claims (mitm) is handed over with the bytes already read.
+//
+// ServeExplicit serves the same decisions to clients that honour
+// HTTPS_PROXY: CONNECT tunnels (whose contents are judged again, like a
+// transparent connection) and absolute-form plain HTTP.
+//
+// GatewayRules and SidecarRules install the redirect: in the gateway's own
+// namespace for agent-facing interfaces or source prefixes, or inside a
+// sandbox's namespace with one exempt uid. Both are one batch in a table
+// of their own that Close removes; if the process dies, redirected
+// traffic meets closed ports and nothing is forwarded, so sandboxes lose
+// the network and never gain it.
+//
+// Typical use:
+//
+//	p := &tproxy.Proxy{Agents: agents, Names: dns.Names, Guard: guard, Resolver: dns, Log: log}
+//	go p.Serve(transparentListener)
+//	go p.ServeExplicit(explicitListener)
+//	rules, err := tproxy.GatewayRules{Interfaces: []string{"veth-a1"}, DNSPort: 15053, ProxyPort: 15001, OpenPorts: []uint16{15002}}.Apply()
+//	defer rules.Close()
+//
+// tproxy does not terminate TLS (mitm does) and does not resolve names for
+// the sandbox (dnsfilter does).
+package tproxy

@@ -1,0 +1,313 @@
+package tproxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// testCA issues server certificates for the test servers.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newTestCA(t testing.TB) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tproxy test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &testCA{cert: cert, key: key, pool: pool}
+}
+
+func (ca *testCA) issue(t testing.TB, names ...string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
+		DNSNames: names, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// fixedResolver is the gateway's resolver in loopback tests.
+type fixedResolver map[string][]netip.Addr
+
+func (r fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := r[strings.ToLower(host)]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// world is a proxy on loopback in front of real servers: an HTTPS server
+// and an HTTP server that say which address they are, a server-first
+// banner service, and an echo service. Agent "a1" is 127.0.0.1. The
+// original destination of the next transparent connection is set with
+// redirect, standing in for nftables (the namespace test uses the real
+// thing).
+type world struct {
+	t        *testing.T
+	ca       *testCA
+	proxy    *Proxy
+	log      *egresslog.Log
+	pol      atomic.Pointer[policy.Policy]
+	names    atomic.Pointer[[]string]
+	origDst  atomic.Value // netip.AddrPort
+	tproxyLn net.Listener
+	explicit net.Listener
+
+	tlsAddr, httpAddr, bannerAddr, echoAddr netip.AddrPort // on 127.0.0.2
+	otherTLS                                netip.AddrPort // 127.0.0.3: the "wrong" server
+}
+
+func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {
+	t.Helper()
+	w := &world{t: t, ca: newTestCA(t), log: &egresslog.Log{}}
+	w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: allow})
+	empty := []string{}
+	w.names.Store(&empty)
+	w.tlsAddr = w.serveTLS("127.0.0.2:0", "api.test", "other.test", "blocked.test")
+	// The "wrong" server listens on the same port at another address.
+	w.otherTLS = w.serveTLS(fmt.Sprintf("127.0.0.3:%d", w.tlsAddr.Port()), "api.test")
+	w.httpAddr = w.serveHTTP("127.0.0.2")
+	w.bannerAddr = w.serveBanner("127.0.0.2")
+	w.echoAddr = w.serveEcho("127.0.0.2")
+
+	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	loop2 := []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+	w.proxy = &Proxy{
+		Agents: func(src netip.Addr) (string, *policy.Policy, bool) {
+			if src == netip.MustParseAddr("127.0.0.1") {
+				return "a1", w.pol.Load(), true
+			}
+			return "", nil, false
+		},
+		Names: func(agent string, _ netip.Addr) []string { return *w.names.Load() },
+		Guard: guard,
+		Resolver: fixedResolver{
+			"api.test": loop2, "other.test": loop2, "blocked.test": loop2, "svc.test": loop2,
+			"meta.test": {netip.MustParseAddr("169.254.169.254")},
+		},
+		Log:         w.log,
+		OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) { return w.origDst.Load().(netip.AddrPort), nil },
+	}
+	if configure != nil {
+		configure(w.proxy)
+	}
+	w.tproxyLn = listenLoop(t, "127.0.0.1:0")
+	w.explicit = listenLoop(t, "127.0.0.1:0")
+	serveDone := make(chan error, 2)
+	go func() { serveDone <- w.proxy.Serve(w.tproxyLn) }()
+	go func() { serveDone <- w.proxy.ServeExplicit(w.explicit) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.proxy.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		for range 2 {
+			if err := <-serveDone; err != ErrServerClosed {
+				t.Errorf("Serve returned %v, want ErrServerClosed", err)
+			}
+		}
+	})
+	return w
+}
+
+func (w *world) setPolicy(cfg policy.Config) {
+	p, err := policy.New(cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.pol.Store(p)
+}
+
+func (w *world) setNames(names ...string) { w.names.Store(&names) }
+
+func listenLoop(t testing.TB, addr string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// serveTLS runs an HTTPS server on addr that answers "<addr> <host>".
+func (w *world) serveTLS(addr string, names ...string) netip.AddrPort {
+	ln := listenLoop(w.t, addr)
+	addr = ln.Addr().String()
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(rw, "%s %s", addr, r.Host)
+		}),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{w.ca.issue(w.t, names...)}},
+		ErrorLog:  log.New(io.Discard, "", 0),
+	}
+	go srv.ServeTLS(ln, "", "")
+	w.t.Cleanup(func() { srv.Close() })
+	return netip.MustParseAddrPort(addr)
+}
+
+// serveHTTP runs a plain HTTP server that answers "<addr> <host>".
+func (w *world) serveHTTP(ip string) netip.AddrPort {
+	ln := listenLoop(w.t, ip+":0")
+	addr := ln.Addr().String()
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(rw, "%s %s", addr, r.Host)
+	})}
+	go srv.Serve(ln)
+	w.t.Cleanup(func() { srv.Close() })
+	return netip.MustParseAddrPort(addr)
+}
+
+// serveBanner runs a server-first service: it greets, then echoes a line.
+func (w *world) serveBanner(ip string) netip.AddrPort {
+	ln := listenLoop(w.t, ip+":0")
+	go acceptLoop(ln, func(c net.Conn) {
+		defer c.Close()
+		fmt.Fprintf(c, "SSH-2.0-test_banner\r\n")
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil {
+			fmt.Fprintf(c, "got %s", line)
+		}
+	})
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// serveEcho runs an echo service that answers after the client half-closes.
+func (w *world) serveEcho(ip string) netip.AddrPort {
+	ln := listenLoop(w.t, ip+":0")
+	go acceptLoop(ln, func(c net.Conn) {
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		c.Write(append([]byte("echo:"), b...))
+	})
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+func acceptLoop(ln net.Listener, handle func(net.Conn)) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go handle(c)
+	}
+}
+
+// dial connects to the transparent proxy as if to dst.
+func (w *world) dial(dst netip.AddrPort) net.Conn {
+	w.t.Helper()
+	c, err := w.tryDial(dst)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return c
+}
+
+// tryDial is dial for connections the proxy may reset at once.
+func (w *world) tryDial(dst netip.AddrPort) (net.Conn, error) {
+	w.origDst.Store(dst)
+	c, err := net.Dial("tcp", w.tproxyLn.Addr().String())
+	if err == nil {
+		w.t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// httpsGet fetches https://host/ through a transparent connection to dst.
+func (w *world) httpsGet(dst netip.AddrPort, sni string) (string, error) {
+	c := w.dial(dst)
+	defer c.Close()
+	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: w.ca.pool})
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		return "", err
+	}
+	fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", sni)
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// waitRecord waits for a record matching f, failing after a bound.
+func (w *world) waitRecord(f func(egresslog.Record) bool) egresslog.Record {
+	w.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	fl := w.log.Follow(context.Background(), egresslog.Filter{}, 1024)
+	defer fl.Close()
+	for _, r := range w.log.List(egresslog.Filter{}, 0) {
+		if f(r) {
+			return r
+		}
+	}
+	for {
+		select {
+		case r := <-fl.C:
+			if f(r) {
+				return r
+			}
+		case <-time.After(time.Until(deadline)):
+			w.t.Fatalf("no matching record; have %+v", w.log.List(egresslog.Filter{}, 0))
+			return egresslog.Record{}
+		}
+	}
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET)
+}

@@ -1,0 +1,256 @@
+package tproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+)
+
+// connFacts are what the proxy knows of a connection whose HTTP requests
+// net/http serves: who sent it and where it was going.
+type connFacts struct {
+	src      netip.AddrPort
+	dst      netip.AddrPort // the original destination (transparent, CONNECT)
+	explicit bool           // a connection to the explicit proxy port itself
+}
+
+type factsKey struct{}
+
+// httpConn is a transparent connection handed to the HTTP server.
+type httpConn struct {
+	*prefixConn
+	facts connFacts
+}
+
+// handoffHTTP gives a connection that speaks HTTP/1 to the shared HTTP
+// server, which judges each request on its own Host, and waits until the
+// server is done with it.
+func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
+	p.httpOnce.Do(p.startHTTP)
+	pc := newPrefixConn(s.client, prefix)
+	if !p.httpConns.push(&httpConn{prefixConn: pc, facts: connFacts{src: s.src, dst: s.dst}}) {
+		reset(s.client)
+		return
+	}
+	<-pc.closed
+}
+
+func (p *Proxy) startHTTP() {
+	for i, allowPrivate := range []bool{false, true} {
+		p.transports[i] = &http.Transport{
+			Proxy: nil, // never an environment proxy
+			DialContext: (&netguard.Dialer{
+				Guard:        p.Guard,
+				AllowPrivate: allowPrivate,
+				Resolver:     p.Resolver,
+				Timeout:      orDefault(p.DialTimeout, DefaultDialTimeout),
+			}).DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}
+	}
+	p.httpConns = newConnQueue()
+	p.httpSrv = p.newHTTPServer(http.HandlerFunc(p.serveHTTP), func(ctx context.Context, c net.Conn) context.Context {
+		if hc, ok := c.(*httpConn); ok {
+			return context.WithValue(ctx, factsKey{}, hc.facts)
+		}
+		return ctx
+	})
+	go p.httpSrv.Serve(p.httpConns)
+}
+
+func (p *Proxy) newHTTPServer(h http.Handler, connContext func(context.Context, net.Conn) context.Context) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: orDefault(p.HelloTimeout, DefaultHelloTimeout),
+		IdleTimeout:       min(orDefault(p.IdleTimeout, DefaultIdleTimeout), 2*time.Minute),
+		MaxHeaderBytes:    64 << 10,
+		ConnContext:       connContext,
+		ErrorLog:          log.New(io.Discard, "", 0),
+	}
+}
+
+// serveHTTP proxies one plain HTTP request, transparent or absolute-form,
+// judged on its own Host.
+func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	f, _ := r.Context().Value(factsKey{}).(connFacts)
+	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path}
+	refuse := func(status int, why string) {
+		rec.Reason, rec.Status, rec.Duration = why, status, time.Since(start)
+		p.record(rec)
+		http.Error(w, "egress denied: "+why, status)
+	}
+	agent, pol, ok := p.lookupAgent(f.src.Addr())
+	if !ok {
+		refuse(http.StatusForbidden, ReasonUnknownSource)
+		return
+	}
+	rec.Agent = agent
+	host, dst := hostOnly(r.Host), f.dst
+	if f.explicit {
+		if r.URL.Scheme != "http" || r.URL.Host == "" {
+			refuse(http.StatusBadRequest, "the explicit proxy takes CONNECT or absolute http:// URLs")
+			return
+		}
+		port, err := urlPort(r.URL.Port())
+		if err != nil {
+			refuse(http.StatusBadRequest, err.Error())
+			return
+		}
+		host = r.URL.Hostname()
+		dst = netip.AddrPortFrom(netip.Addr{}, port)
+		if a, err := netguard.ParseLiteral(host); err == nil {
+			dst = netip.AddrPortFrom(a.Unmap(), port)
+		}
+	}
+	rec.Host, rec.Port = host, dst.Port()
+	t, d := decide(pol, host, dst)
+	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
+	if !d.Allowed {
+		refuse(http.StatusForbidden, d.Reason)
+		return
+	}
+	cw := &countingWriter{ResponseWriter: w}
+	var upBytes atomic.Int64
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &upBytes}
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = t.dialAddress()
+			pr.Out.Host = r.Host
+		},
+		Transport:     p.transports[boolIndex(pol.AllowPrivateNetworks())],
+		FlushInterval: -1, // streams (server-sent events) flow as they arrive
+		ErrorLog:      log.New(io.Discard, "", 0),
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			rec.Reason = reasonUpstreamPrefix + err.Error()
+			if errors.Is(err, netguard.ErrDenied) {
+				rec.Allowed = false
+			}
+			http.Error(w, "egress: upstream "+t.label()+": "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	rp.ServeHTTP(cw, r)
+	rec.Status = cw.status
+	rec.BytesUp, rec.Bytes = upBytes.Load(), cw.n
+	rec.Duration = time.Since(start)
+	p.record(rec)
+}
+
+func boolIndex(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// hostOnly strips a port from a Host header value.
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	if len(hostport) > 1 && hostport[0] == '[' && hostport[len(hostport)-1] == ']' {
+		return hostport[1 : len(hostport)-1]
+	}
+	return hostport
+}
+
+func urlPort(s string) (uint16, error) {
+	if s == "" {
+		return 80, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 16)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("invalid port %q", s)
+	}
+	return uint16(n), nil
+}
+
+// countingWriter records the status and counts the body bytes written; it
+// unwraps for http.ResponseController (flushing, hijacking for upgrades).
+type countingWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+// connQueue is a net.Listener fed by the proxy: Accept returns the
+// connections pushed to it.
+type connQueue struct {
+	ch   chan net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func newConnQueue() *connQueue {
+	return &connQueue{ch: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (q *connQueue) push(c net.Conn) bool {
+	select {
+	case q.ch <- c:
+		return true
+	case <-q.done:
+		return false
+	}
+}
+
+func (q *connQueue) Accept() (net.Conn, error) {
+	select {
+	case c := <-q.ch:
+		return c, nil
+	case <-q.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (q *connQueue) close() { q.once.Do(func() { close(q.done) }) }
+
+func (q *connQueue) Close() error   { q.close(); return nil }
+func (q *connQueue) Addr() net.Addr { return &net.TCPAddr{} }

@@ -1,0 +1,406 @@
+package tproxy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// GatewayRules are the rules of gateway mode, installed in the gateway's
+// own network namespace: traffic arriving from agent networks (by
+// interface, or by source prefix) has its DNS redirected to the DNS port
+// and all TCP not addressed to the gateway redirected to the transparent
+// proxy; on the gateway itself agents reach only the DNS port, the proxy
+// port and the OpenPorts; anything the gateway would have to forward (UDP
+// other than DNS, ICMP, QUIC) is dropped. IPv4 and IPv6 alike.
+type GatewayRules struct {
+	// Table names the nftables table (family inet); "" means "egress".
+	Table string
+	// NetNS is the path of the network namespace to install in (such as
+	// /run/netns/gw); "" means the caller's.
+	NetNS string
+	// Interfaces and Sources say which traffic comes from agents. More can
+	// be added later with Rules.AddInterface.
+	Interfaces []string
+	Sources    []netip.Prefix
+	// DNSPort is where DNS (UDP and TCP 53, to any address) goes.
+	DNSPort uint16
+	// ProxyPort is where TCP to other hosts goes.
+	ProxyPort uint16
+	// OpenPorts are the gateway's TCP ports agents may connect to directly
+	// (the explicit proxy port, a tunnel port).
+	OpenPorts []uint16
+}
+
+// SidecarRules are the rules of sidecar mode, installed inside the
+// sandbox's own network namespace: every process's outbound TCP except
+// the exempt uid's is redirected by destination port (80, 443, anything
+// else) to the proxy's three ports, DNS to the DNS port, and everything
+// else leaving the namespace is dropped. Loopback is left alone, so the
+// health port is reachable and never redirected.
+type SidecarRules struct {
+	Table string // "" means "egress"
+	NetNS string // "" means the caller's
+	// ExemptUID is the proxy's own uid, whose traffic is not redirected;
+	// zero means 1337 (root is never exempt).
+	ExemptUID uint32
+	// DNSPort, HTTPPort (:80), TLSPort (:443) and OtherPort (other TCP) are
+	// the local ports traffic is redirected to; zero means 15053, 15001,
+	// 15002 and 15003.
+	DNSPort, HTTPPort, TLSPort, OtherPort uint16
+}
+
+// Rules is an installed table. Close removes it. If the process dies
+// without Close, the table stays: redirected traffic meets closed ports and
+// forwarding stays dropped, so sandboxes lose the network, never gain it.
+type Rules struct {
+	mu     sync.Mutex
+	conn   *nftables.Conn
+	table  *nftables.Table
+	ifaces *nftables.Set // nil in sidecar mode
+	netns  *os.File
+	closed bool
+}
+
+const (
+	defaultTable  = "egress"
+	chainAgentNAT = "agent_nat"
+	chainAgentIn  = "agent_in"
+)
+
+// Apply installs the gateway rules as one batch, replacing a table of the
+// same name.
+func (g GatewayRules) Apply() (*Rules, error) {
+	if g.DNSPort == 0 || g.ProxyPort == 0 {
+		return nil, errors.New("tproxy: gateway rules need a DNS port and a proxy port")
+	}
+	r, err := openRules(g.NetNS, orString(g.Table, defaultTable))
+	if err != nil {
+		return nil, err
+	}
+	if err := g.build(r); err != nil {
+		r.release()
+		return nil, err
+	}
+	if err := r.conn.Flush(); err != nil {
+		r.release()
+		return nil, fmt.Errorf("tproxy: install gateway rules: %w", err)
+	}
+	return r, nil
+}
+
+// Apply installs the sidecar rules as one batch, replacing a table of the
+// same name.
+func (sc SidecarRules) Apply() (*Rules, error) {
+	r, err := openRules(sc.NetNS, orString(sc.Table, defaultTable))
+	if err != nil {
+		return nil, err
+	}
+	sc.build(r)
+	if err := r.conn.Flush(); err != nil {
+		r.release()
+		return nil, fmt.Errorf("tproxy: install sidecar rules: %w", err)
+	}
+	return r, nil
+}
+
+func orString(s, def string) string {
+	if s != "" {
+		return s
+	}
+	return def
+}
+
+func openRules(netnsPath, table string) (*Rules, error) {
+	r := &Rules{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}}
+	var opts []nftables.ConnOption
+	if netnsPath != "" {
+		f, err := os.Open(netnsPath)
+		if err != nil {
+			return nil, fmt.Errorf("tproxy: open network namespace: %w", err)
+		}
+		r.netns = f
+		opts = append(opts, nftables.WithNetNSFd(int(f.Fd())))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		r.release()
+		return nil, fmt.Errorf("tproxy: nftables: %w", err)
+	}
+	r.conn = c
+	return r, nil
+}
+
+func (r *Rules) release() {
+	if r.netns != nil {
+		r.netns.Close()
+		r.netns = nil
+	}
+}
+
+// replaceTable starts the batch by removing any table of the same name (a
+// crashed run's), so the new rules never add to old ones.
+func (r *Rules) replaceTable() {
+	r.conn.AddTable(r.table)
+	r.conn.DelTable(r.table)
+	r.conn.AddTable(r.table)
+}
+
+func (g GatewayRules) build(r *Rules) error {
+	c, t := r.conn, r.table
+	r.replaceTable()
+	r.ifaces = &nftables.Set{Table: t, Name: "agent_ifaces", KeyType: nftables.TypeIFName}
+	var elems []nftables.SetElement
+	for _, name := range g.Interfaces {
+		elems = append(elems, nftables.SetElement{Key: ifname(name)})
+	}
+	if err := c.AddSet(r.ifaces, elems); err != nil {
+		return fmt.Errorf("tproxy: interface set: %w", err)
+	}
+	src4 := &nftables.Set{Table: t, Name: "agent_src4", KeyType: nftables.TypeIPAddr, Interval: true}
+	src6 := &nftables.Set{Table: t, Name: "agent_src6", KeyType: nftables.TypeIP6Addr, Interval: true}
+	var v4, v6 []nftables.SetElement
+	for _, p := range g.Sources {
+		p = p.Masked()
+		if p.Addr().Is4() {
+			v4 = append(v4, prefixElements(p)...)
+		} else {
+			v6 = append(v6, prefixElements(p)...)
+		}
+	}
+	if err := c.AddSet(src4, v4); err != nil {
+		return fmt.Errorf("tproxy: source set: %w", err)
+	}
+	if err := c.AddSet(src6, v6); err != nil {
+		return fmt.Errorf("tproxy: source set: %w", err)
+	}
+
+	agentNAT := c.AddChain(&nftables.Chain{Name: chainAgentNAT, Table: t})
+	agentIn := c.AddChain(&nftables.Chain{Name: chainAgentIn, Table: t})
+	accept := nftables.ChainPolicyAccept
+	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
+	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+
+	// Which traffic is an agent's: by interface or by source.
+	fromAgent := [][]expr.Any{
+		{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, lookup(r.ifaces)},
+		append(nfproto(unix.NFPROTO_IPV4), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, lookup(src4)),
+		append(nfproto(unix.NFPROTO_IPV6), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16}, lookup(src6)),
+	}
+	for _, m := range fromAgent {
+		c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: append(m, jump(chainAgentNAT))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(m, jump(chainAgentIn))})
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: append(m, drop())})
+	}
+	// Nothing is forwarded to agents either.
+	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, lookup(r.ifaces), drop()}})
+
+	// agent_nat: DNS to the DNS port; TCP not to the gateway to the proxy.
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: redirectPort(unix.IPPROTO_UDP, 53, g.DNSPort)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: redirectPort(unix.IPPROTO_TCP, 53, g.DNSPort)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+		&expr.Verdict{Kind: expr.VerdictReturn},
+	}})
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: redirectPort(unix.IPPROTO_TCP, 0, g.ProxyPort)})
+
+	// agent_in: replies, IPv6 neighbour discovery, the named ports; else drop.
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: established()})
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: neighbourDiscovery()})
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: acceptPort(unix.IPPROTO_UDP, g.DNSPort)})
+	for _, p := range append([]uint16{g.DNSPort, g.ProxyPort}, g.OpenPorts...) {
+		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: acceptPort(unix.IPPROTO_TCP, p)})
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: []expr.Any{drop()}})
+	return nil
+}
+
+func (sc SidecarRules) build(r *Rules) {
+	c, t := r.conn, r.table
+	r.replaceTable()
+	uid := sc.ExemptUID
+	if uid == 0 {
+		uid = 1337
+	}
+	port := func(p, def uint16) uint16 {
+		if p != 0 {
+			return p
+		}
+		return def
+	}
+	exempt := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeySKUID, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(uid)},
+	}
+	loopback := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
+	}
+	nat := c.AddChain(&nftables.Chain{Name: "output_nat", Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: append(exempt, &expr.Verdict{Kind: expr.VerdictReturn})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: append(loopback, &expr.Verdict{Kind: expr.VerdictReturn})})
+	dns := port(sc.DNSPort, 15053)
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_UDP, 53, dns)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 53, dns)})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 80, port(sc.HTTPPort, 15001))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 443, port(sc.TLSPort, 15002))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 0, port(sc.OtherPort, 15003))})
+
+	accept := nftables.ChainPolicyAccept
+	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(exempt, &expr.Verdict{Kind: expr.VerdictAccept})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(loopback, &expr.Verdict{Kind: expr.VerdictAccept})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: established()})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: neighbourDiscovery()})
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{drop()}})
+}
+
+// AddInterface adds an agent-facing interface (gateway mode).
+func (r *Rules) AddInterface(name string) error {
+	return r.setInterface(name, true)
+}
+
+// RemoveInterface removes an agent-facing interface (gateway mode).
+func (r *Rules) RemoveInterface(name string) error {
+	return r.setInterface(name, false)
+}
+
+func (r *Rules) setInterface(name string, add bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.ifaces == nil {
+		return errors.New("tproxy: no interface set (closed, or sidecar rules)")
+	}
+	e := []nftables.SetElement{{Key: ifname(name)}}
+	var err error
+	if add {
+		err = r.conn.SetAddElements(r.ifaces, e)
+	} else {
+		err = r.conn.SetDeleteElements(r.ifaces, e)
+	}
+	if err == nil {
+		err = r.conn.Flush()
+	}
+	if err != nil {
+		return fmt.Errorf("tproxy: update interface %s: %w", name, err)
+	}
+	return nil
+}
+
+// Close removes the table. It is safe to call more than once.
+func (r *Rules) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	defer r.release()
+	r.conn.DelTable(r.table)
+	if err := r.conn.Flush(); err != nil {
+		return fmt.Errorf("tproxy: remove table %s: %w", r.table.Name, err)
+	}
+	return nil
+}
+
+// ifname pads an interface name as nftables stores it (IFNAMSIZ bytes).
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+// prefixElements are the interval-set elements of a prefix: its start, and
+// the address after its end flagged as the end of the interval.
+func prefixElements(p netip.Prefix) []nftables.SetElement {
+	start := p.Addr()
+	last := start.AsSlice()
+	for i := p.Bits(); i < len(last)*8; i++ {
+		last[i/8] |= 0x80 >> (i % 8)
+	}
+	end, _ := netip.AddrFromSlice(last)
+	elems := []nftables.SetElement{{Key: start.AsSlice()}}
+	if next := end.Next(); next.IsValid() {
+		elems = append(elems, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+	}
+	return elems
+}
+
+func lookup(s *nftables.Set) expr.Any {
+	return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID}
+}
+
+func jump(chain string) expr.Any { return &expr.Verdict{Kind: expr.VerdictJump, Chain: chain} }
+
+func drop() expr.Any { return &expr.Verdict{Kind: expr.VerdictDrop} }
+
+func nfproto(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+}
+
+// l4 matches a transport protocol and, when port is not zero, a
+// destination port.
+func l4(proto byte, port uint16) []expr.Any {
+	e := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+	}
+	if port != 0 {
+		e = append(e,
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+		)
+	}
+	return e
+}
+
+// redirectPort redirects proto (to dport, or any port when zero) to a
+// local port.
+func redirectPort(proto byte, dport, to uint16) []expr.Any {
+	return append(l4(proto, dport),
+		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(to)},
+		&expr.Redir{RegisterProtoMin: 1},
+	)
+}
+
+func acceptPort(proto byte, port uint16) []expr.Any {
+	return append(l4(proto, port), &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+func established() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
+
+// neighbourDiscovery accepts ICMPv6 router and neighbour solicitations and
+// advertisements (types 133 to 136), without which IPv6 on a link fails.
+func neighbourDiscovery() []expr.Any {
+	return append(l4(unix.IPPROTO_ICMPV6, 0),
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{136}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	)
+}

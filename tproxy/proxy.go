@@ -1,0 +1,269 @@
+package tproxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// AgentFunc identifies the agent behind a connection's source address and
+// returns its current policy; ok false means the source is unknown, and the
+// connection is dropped.
+type AgentFunc func(src netip.Addr) (agent string, p *policy.Policy, ok bool)
+
+// NamesFunc returns the names an agent resolved to an address through the
+// gateway's DNS (dnsfilter.Server.Names), for TCP that is neither TLS nor
+// HTTP.
+type NamesFunc func(agent string, addr netip.Addr) []string
+
+// Interceptor takes over TLS connections for hosts it claims; mitm
+// implements it. Intercept owns conn (whose reads replay the bytes the
+// proxy already read) and returns when the connection is done.
+type Interceptor interface {
+	Claims(agent, host string) bool
+	Intercept(ctx context.Context, conn net.Conn, agent string, p *policy.Policy, host string, port uint16)
+}
+
+// ErrServerClosed is returned by Serve and ServeExplicit after Shutdown or
+// Close.
+var ErrServerClosed = errors.New("tproxy: server closed")
+
+// Defaults for a Proxy's zero fields.
+const (
+	DefaultDialTimeout      = 10 * time.Second
+	DefaultHelloTimeout     = 10 * time.Second
+	DefaultIdleTimeout      = 15 * time.Minute
+	DefaultMaxHelloSize     = 32 << 10
+	DefaultMaxConns         = 20000
+	DefaultMaxConnsPerAgent = 2000
+)
+
+// Proxy is the transparent proxy and the explicit proxy. The zero Proxy
+// drops every connection (it knows no agent); set Agents to serve. Set the
+// fields before serving; a Proxy is safe for concurrent use.
+type Proxy struct {
+	// Agents identifies the agent behind a source address; nil drops all.
+	Agents AgentFunc
+	// Names returns what an agent resolved to an address; nil means no
+	// names, so TCP that is neither TLS nor HTTP is judged by address only.
+	Names NamesFunc
+	// Guard checks every upstream address at dial time; nil means the
+	// built-in classification.
+	Guard *netguard.Guard
+	// Resolver resolves names on the gateway; nil means net.DefaultResolver.
+	Resolver netguard.Resolver
+	// Interceptor, if set, takes over TLS to the hosts it claims.
+	Interceptor Interceptor
+	// Log receives one record per connection and per HTTP request.
+	Log *egresslog.Log
+	// Logger receives operational messages; nil discards them.
+	Logger *slog.Logger
+	// OriginalDst reads a redirected connection's original destination;
+	// nil means OriginalDst (SO_ORIGINAL_DST).
+	OriginalDst func(*net.TCPConn) (netip.AddrPort, error)
+
+	// DialTimeout bounds an upstream dial; zero means DefaultDialTimeout.
+	DialTimeout time.Duration
+	// HelloTimeout bounds the wait for a client's first bytes, a whole
+	// ClientHello, and an HTTP request head; zero means DefaultHelloTimeout.
+	HelloTimeout time.Duration
+	// IdleTimeout closes a connection on which no byte moved either way for
+	// this long; zero means DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// MaxHelloSize bounds the bytes read to find a whole ClientHello; zero
+	// means DefaultMaxHelloSize.
+	MaxHelloSize int
+	// MaxConns and MaxConnsPerAgent bound open connections; beyond them new
+	// connections are refused (reset) and recorded, and open ones go on.
+	// Zero means DefaultMaxConns and DefaultMaxConnsPerAgent.
+	MaxConns, MaxConnsPerAgent int
+
+	initOnce sync.Once
+	open     atomic.Int64
+	perAgent sync.Map // agent -> *atomic.Int64
+	relays   relaySet
+
+	httpOnce      sync.Once
+	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
+	httpConns     *connQueue
+	transports    [2]*http.Transport // [allowPrivate]
+	explicitSrvs  []*http.Server
+	sessionsWG    sync.WaitGroup
+	mu            sync.Mutex
+	listeners     map[net.Listener]struct{}
+	closed        bool
+	closedCh      chan struct{}
+	sweeperActive bool
+}
+
+func (p *Proxy) init() {
+	p.initOnce.Do(func() {
+		p.listeners = map[net.Listener]struct{}{}
+		p.closedCh = make(chan struct{})
+		p.relays.m = map[*relay]struct{}{}
+	})
+}
+
+func (p *Proxy) logger() *slog.Logger {
+	if p.Logger != nil {
+		return p.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func orDefault[T int | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func (p *Proxy) record(r egresslog.Record) {
+	if p.Log != nil {
+		p.Log.Record(r)
+	}
+}
+
+// acquire reserves a connection slot for agent, or reports why not.
+func (p *Proxy) acquire(agent string) (release func(), reason string) {
+	if p.open.Add(1) > int64(orDefault(p.MaxConns, DefaultMaxConns)) {
+		p.open.Add(-1)
+		return nil, "too many connections"
+	}
+	v, _ := p.perAgent.LoadOrStore(agent, new(atomic.Int64))
+	n := v.(*atomic.Int64)
+	if n.Add(1) > int64(orDefault(p.MaxConnsPerAgent, DefaultMaxConnsPerAgent)) {
+		n.Add(-1)
+		p.open.Add(-1)
+		return nil, "too many connections for this agent"
+	}
+	return func() { n.Add(-1); p.open.Add(-1) }, ""
+}
+
+// Serve accepts connections redirected by nftables on ln and proxies each
+// by name, until Shutdown or Close; it then returns ErrServerClosed.
+func (p *Proxy) Serve(ln net.Listener) error {
+	p.init()
+	if !p.track(ln) {
+		ln.Close()
+		return ErrServerClosed
+	}
+	defer p.untrack(ln)
+	p.startSweeper()
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if p.isClosed() {
+				return ErrServerClosed
+			}
+			if temporaryAcceptError(err) {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				p.logger().Warn("accept failed; retrying", "err", err, "delay", delay)
+				time.Sleep(delay) // back off on EMFILE and friends
+				continue
+			}
+			return err
+		}
+		delay = 0
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			c.Close()
+			continue
+		}
+		p.sessionsWG.Add(1)
+		go func() {
+			defer p.sessionsWG.Done()
+			p.serveTransparent(tc)
+		}()
+	}
+}
+
+func (p *Proxy) track(ln net.Listener) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.listeners[ln] = struct{}{}
+	return true
+}
+
+func (p *Proxy) untrack(ln net.Listener) {
+	p.mu.Lock()
+	delete(p.listeners, ln)
+	p.mu.Unlock()
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Shutdown stops accepting, then waits for open connections to finish
+// until ctx is done, when it closes them.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.init()
+	p.mu.Lock()
+	already := p.closed
+	p.closed = true
+	for ln := range p.listeners {
+		ln.Close()
+	}
+	explicit := p.explicitSrvs
+	p.mu.Unlock()
+	if !already {
+		close(p.closedCh)
+	}
+	for _, s := range explicit {
+		s.Close() // hijacked tunnels are sessions, drained below
+	}
+	p.httpOnce.Do(p.startHTTP) // so that no handoff starts a server after this
+	p.httpConns.close()
+	go p.httpSrv.Shutdown(ctx)
+	done := make(chan struct{})
+	go func() { p.sessionsWG.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		p.relays.closeAll()
+		p.httpSrv.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close stops accepting and closes every connection at once.
+func (p *Proxy) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := p.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// temporaryAcceptError reports whether an accept error is a shortage that
+// passes (out of file descriptors or memory, an aborted handshake), so that
+// Serve backs off instead of stopping.
+func temporaryAcceptError(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,388 @@
+package tproxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
+)
+
+func TestTLSBySNI(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*", "*.npm.test:*"}, nil)
+	body, err := w.httpsGet(w.tlsAddr, "api.test")
+	if err != nil || !strings.HasPrefix(body, w.tlsAddr.String()) {
+		t.Fatalf("allowed SNI: %q, %v", body, err)
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && r.Host == "api.test" })
+	if !r.Allowed || r.Rule != "api.test:*" || r.BytesUp == 0 || r.Bytes == 0 || r.Addr != w.tlsAddr {
+		t.Errorf("record %+v", r)
+	}
+
+	_, err = w.httpsGet(w.tlsAddr, "blocked.test")
+	if err == nil || !strings.Contains(err.Error(), "access denied") {
+		t.Fatalf("denied SNI: %v, want a TLS access_denied alert", err)
+	}
+	r = w.waitRecord(func(r egresslog.Record) bool { return r.Host == "blocked.test" })
+	if r.Allowed || r.Reason != policy.ReasonNoRule {
+		t.Errorf("denied record %+v", r)
+	}
+}
+
+// TestForgedSNI connects to the wrong server's address with an allowed
+// SNI: the proxy connects to what the name resolves to on the gateway.
+func TestForgedSNI(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, nil)
+	body, err := w.httpsGet(w.otherTLS, "api.test") // client aims at 127.0.0.3
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(body, "127.0.0.2:") {
+		t.Fatalf("reached %q; the proxy must connect to api.test's own address, 127.0.0.2", body)
+	}
+}
+
+// TestBigClientHello sends the 1526-byte Go ClientHello (a post-quantum
+// key share) in three writes with pauses, as TCP segments may arrive.
+func TestBigClientHello(t *testing.T) {
+	w := newWorld(t, []string{"api.example.test:*"}, func(p *Proxy) {
+		p.Resolver.(fixedResolver)["api.example.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+	})
+	hello := realHellos(t)["go1.26-default-x25519mlkem768"]
+	c := w.dial(w.tlsAddr)
+	for _, part := range [][]byte{hello[:3], hello[3:1400], hello[1400:]} {
+		if _, err := c.Write(part); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond) // let each part arrive on its own
+	}
+	// The server answers the hello (an alert or a ServerHello): either
+	// way the connection reached it rather than being refused.
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 5)
+	if _, err := io.ReadFull(c, b); err != nil {
+		t.Fatalf("no answer from the server: %v", err)
+	}
+	if b[0] != 0x16 && b[0] != 0x15 {
+		t.Fatalf("answer starts %x", b)
+	}
+	c.Close()
+	w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.example.test" && r.Allowed })
+}
+
+func TestHTTPEveryRequestJudged(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, nil)
+	c := w.dial(w.httpAddr)
+	br := bufio.NewReader(c)
+	get := func(host string) (*http.Response, string) {
+		t.Helper()
+		fmt.Fprintf(c, "GET /path?secret=x HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	resp, body := get("api.test")
+	if resp.StatusCode != 200 || !strings.HasSuffix(body, " api.test") {
+		t.Fatalf("first request: %d %q", resp.StatusCode, body)
+	}
+	resp, body = get("blocked.test") // same keep-alive connection
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, policy.ReasonNoRule) {
+		t.Fatalf("second request with another Host: %d %q", resp.StatusCode, body)
+	}
+	resp, _ = get("api.test")
+	if resp.StatusCode != 200 {
+		t.Fatalf("third request: %d", resp.StatusCode)
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" })
+	if r.Allowed || r.Status != http.StatusForbidden || r.Path != "/path" || r.Method != "GET" {
+		t.Errorf("record %+v", r)
+	}
+}
+
+func TestServerFirstByName(t *testing.T) {
+	w := newWorld(t, []string{"svc.test:*"}, nil)
+	w.setNames("svc.test")
+	c := w.dial(w.bannerAddr)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n') // the client never spoke first
+	if err != nil || line != "SSH-2.0-test_banner\r\n" {
+		t.Fatalf("banner: %q, %v", line, err)
+	}
+	fmt.Fprintf(c, "hello\n")
+	if got, _ := br.ReadString('\n'); got != "got hello\n" {
+		t.Fatalf("echo: %q", got)
+	}
+	c.Close()
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && r.Host == "svc.test" })
+	if !r.Allowed || r.Reason != policy.ReasonAllowedByRule {
+		t.Errorf("record %+v", r)
+	}
+}
+
+func TestOtherTCPWithoutNameDenied(t *testing.T) {
+	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.HelloTimeout = 300 * time.Millisecond })
+	c := w.dial(w.bannerAddr) // no remembered name
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read data from a connection that should be refused")
+	}
+	w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Reason == ReasonHelloTimeout })
+
+	c = w.dial(w.echoAddr)
+	c.Write([]byte("\x00\x01binary"))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read data from a connection that should be refused")
+	}
+	w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Reason == ReasonNoName })
+
+	w.setNames("blocked.test") // remembered, but not allowed
+	c = w.dial(w.echoAddr)
+	c.Write([]byte("\x00\x01binary"))
+	c.Read(make([]byte, 1))
+	w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Reason == policy.ReasonNoRule && r.Host == "blocked.test" })
+}
+
+func TestHalfClose(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	c := w.dial(w.echoAddr).(*net.TCPConn)
+	c.Write([]byte("ping"))
+	c.CloseWrite() // the server answers only after our FIN
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil || string(b) != "echo:ping" {
+		t.Fatalf("after half-close: %q, %v", b, err)
+	}
+}
+
+func TestRefusedUpstreamIsReset(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	ln := listenLoop(t, "127.0.0.2:0")
+	closed := netip.MustParseAddrPort(ln.Addr().String())
+	ln.Close()
+	c := w.dial(closed)
+	c.Write([]byte("x"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	if !isReset(err) {
+		t.Fatalf("read after a refused upstream: %v, want a reset", err)
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return strings.HasPrefix(r.Reason, reasonUpstreamPrefix) })
+	if !strings.Contains(r.Reason, "refused") {
+		t.Errorf("record %+v", r)
+	}
+}
+
+func TestUpstreamResetIsReset(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	ln := listenLoop(t, "127.0.0.2:0")
+	go acceptLoop(ln, func(c net.Conn) {
+		c.Read(make([]byte, 1))
+		reset(c.(*net.TCPConn))
+	})
+	c := w.dial(netip.MustParseAddrPort(ln.Addr().String()))
+	c.Write([]byte("x"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !isReset(err) {
+		t.Fatalf("read after the upstream reset: %v, want a reset", err)
+	}
+}
+
+func TestIdleTimeout(t *testing.T) {
+	w := newWorld(t, nil, func(p *Proxy) { p.IdleTimeout = 200 * time.Millisecond })
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	c := w.dial(w.echoAddr)
+	c.Write([]byte("x")) // then nothing
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("idle connection got data")
+	}
+	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonIdle })
+}
+
+func TestConnectionLimits(t *testing.T) {
+	w := newWorld(t, nil, func(p *Proxy) { p.MaxConnsPerAgent = 1 })
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	first := w.dial(w.bannerAddr)
+	first.SetReadDeadline(time.Now().Add(5 * time.Second))
+	br := bufio.NewReader(first)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatalf("first connection: %v", err)
+	}
+	if second, err := w.tryDial(w.bannerAddr); err == nil {
+		second.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := second.Read(make([]byte, 1)); err == nil {
+			t.Fatal("second connection over the limit was served")
+		}
+	}
+	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == "too many connections for this agent" })
+	// The first goes on.
+	fmt.Fprintf(first, "still here\n")
+	if got, _ := br.ReadString('\n'); got != "got still here\n" {
+		t.Fatalf("in-flight connection: %q", got)
+	}
+}
+
+func TestUnknownSourceDropped(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	w.origDst.Store(w.echoAddr)
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.5")}}
+	if c, err := d.Dial("tcp", w.tproxyLn.Addr().String()); err == nil {
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("unknown source was served")
+		}
+	}
+	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonUnknownSource && r.Host == "127.0.0.5" })
+}
+
+func TestNeverTierRefusedAtDial(t *testing.T) {
+	w := newWorld(t, []string{"meta.test:*"}, nil)
+	_, err := w.httpsGet(w.tlsAddr, "meta.test")
+	if err == nil {
+		t.Fatal("reached a name that resolves to the metadata address")
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "meta.test" })
+	if r.Allowed || !strings.Contains(r.Reason, "metadata") {
+		t.Errorf("record %+v", r)
+	}
+}
+
+// interceptor records what it is handed.
+type interceptor struct {
+	mu    sync.Mutex
+	hosts []string
+	first []byte
+}
+
+func (i *interceptor) Claims(_, host string) bool { return host == "api.test" }
+
+func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ *policy.Policy, host string, port uint16) {
+	b := make([]byte, 5)
+	io.ReadFull(c, b)
+	i.mu.Lock()
+	i.hosts = append(i.hosts, fmt.Sprintf("%s %s:%d", agent, host, port))
+	i.first = b
+	i.mu.Unlock()
+	c.Close()
+}
+
+func TestInterceptorHandoff(t *testing.T) {
+	ic := &interceptor{}
+	w := newWorld(t, []string{"api.test:*", "other.test:*"}, func(p *Proxy) { p.Interceptor = ic })
+	w.httpsGet(w.tlsAddr, "api.test")
+	if body, err := w.httpsGet(w.tlsAddr, "other.test"); err != nil || body == "" {
+		t.Fatalf("unclaimed host not passed through: %q %v", body, err)
+	}
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if len(ic.hosts) != 1 || ic.hosts[0] != fmt.Sprintf("a1 api.test:%d", w.tlsAddr.Port()) {
+		t.Fatalf("interceptor got %v", ic.hosts)
+	}
+	if ic.first[0] != 0x16 {
+		t.Fatalf("interceptor's first bytes %x: the ClientHello was not replayed", ic.first)
+	}
+}
+
+func TestExplicitProxy(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*", "127.0.0.2:*"}, nil)
+	proxyURL, _ := url.Parse("http://" + w.explicit.Addr().String())
+	tr := &http.Transport{
+		Proxy:           http.ProxyURL(proxyURL),
+		TLSClientConfig: &tls.Config{RootCAs: w.ca.pool},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}}).DialContext(ctx, network, addr)
+		},
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+	get := func(u string) (int, string, error) {
+		resp, err := client.Get(u)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+
+	status, body, err := get(fmt.Sprintf("https://api.test:%d/", w.tlsAddr.Port()))
+	if err != nil || status != 200 || !strings.HasPrefix(body, "127.0.0.2:") {
+		t.Fatalf("CONNECT to an allowed name: %d %q %v", status, body, err)
+	}
+	if _, _, err := get(fmt.Sprintf("https://blocked.test:%d/", w.tlsAddr.Port())); err == nil || !strings.Contains(err.Error(), "Forbidden") {
+		t.Fatalf("CONNECT to a denied name: %v", err)
+	}
+	w.waitRecord(func(r egresslog.Record) bool {
+		return r.Kind == egresslog.KindConnect && r.Host == "blocked.test" && !r.Allowed
+	})
+	status, body, err = get(fmt.Sprintf("http://api.test:%d/x", w.httpAddr.Port()))
+	if err != nil || status != 200 || !strings.HasSuffix(body, "api.test:"+fmt.Sprint(w.httpAddr.Port())) {
+		t.Fatalf("absolute-form to an allowed name: %d %q %v", status, body, err)
+	}
+	status, _, _ = get(fmt.Sprintf("http://blocked.test:%d/x", w.httpAddr.Port()))
+	if status != http.StatusForbidden {
+		t.Fatalf("absolute-form to a denied name: %d", status)
+	}
+	// An IP literal follows the address rules.
+	status, _, err = get(fmt.Sprintf("http://127.0.0.2:%d/", w.httpAddr.Port()))
+	if err != nil || status != 200 {
+		t.Fatalf("absolute-form to an allowed address: %d %v", status, err)
+	}
+	status, _, _ = get(fmt.Sprintf("http://127.0.0.3:%d/", w.httpAddr.Port()))
+	if status != http.StatusForbidden {
+		t.Fatalf("absolute-form to a denied address: %d", status)
+	}
+	// The TLS inside a tunnel is judged too: a CONNECT to an allowed name
+	// carrying a ClientHello for a denied one is refused.
+	c, err := net.Dial("tcp", w.explicit.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT api.test:%d HTTP/1.1\r\nHost: api.test\r\n\r\n", w.tlsAddr.Port())
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	tc := tls.Client(c, &tls.Config{ServerName: "blocked.test", RootCAs: w.ca.pool})
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err == nil {
+		t.Fatal("TLS to a denied name inside an allowed tunnel succeeded")
+	}
+}
+
+func TestExplicitSlowloris(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.HelloTimeout = 200 * time.Millisecond })
+	c, err := net.Dial("tcp", w.explicit.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "CONNECT api.test:443 HTTP/1.1\r\nX-Slow: ") // never finished
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(c); err != nil {
+		t.Fatalf("the proxy did not close a stalled request head: %v", err)
+	}
+}

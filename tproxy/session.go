@@ -1,0 +1,561 @@
+package tproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// Reasons recorded for connections refused before or outside a policy
+// decision.
+const (
+	ReasonUnknownSource  = "connection from an unknown source"
+	ReasonNotRedirected  = "connection was not redirected (no original destination)"
+	ReasonNoName         = "neither TLS nor HTTP, and the agent resolved no allowed name for this address"
+	ReasonNoSNI          = "TLS without a server name"
+	ReasonHelloTimeout   = "client sent nothing in time"
+	ReasonHelloTooBig    = "ClientHello larger than the limit"
+	ReasonClientClosed   = "client closed before sending anything"
+	ReasonShuttingDown   = "proxy is shutting down"
+	ReasonIdle           = "idle timeout"
+	ReasonClosed         = "closed"
+	ReasonIntercepted    = "intercepted"
+	ReasonServerFirst    = "server spoke first"
+	reasonUpstreamPrefix = "upstream: "
+)
+
+// target is where an allowed connection goes: a name resolved on the
+// gateway, or (for address rules and open mode) the address itself.
+type target struct {
+	host     string     // canonical name, or "" to dial addr
+	addr     netip.Addr // when host is ""
+	port     uint16
+	decision policy.Decision
+}
+
+func (t target) dialAddress() string {
+	if t.host != "" {
+		return net.JoinHostPort(t.host, strconv.Itoa(int(t.port)))
+	}
+	return netip.AddrPortFrom(t.addr, t.port).String()
+}
+
+func (t target) same(o target) bool { return t.host == o.host && t.addr == o.addr && t.port == o.port }
+
+func (t target) label() string {
+	if t.host != "" {
+		return t.host
+	}
+	return t.addr.String()
+}
+
+// decideName judges a name on port; an invalid name is denied.
+func decideName(pol *policy.Policy, name string, port uint16) (target, policy.Decision) {
+	if a, err := netguard.ParseLiteral(name); err == nil {
+		return decideAddr(pol, a, port)
+	}
+	canon, err := policy.NormalizeName(name)
+	if err != nil {
+		return target{}, policy.Decision{Reason: policy.ReasonInvalidHost}
+	}
+	d := pol.Decide(canon, port)
+	return target{host: canon, port: port, decision: d}, d
+}
+
+// decideAddr judges an address on port, by address rules and open mode.
+func decideAddr(pol *policy.Policy, a netip.Addr, port uint16) (target, policy.Decision) {
+	a = a.Unmap()
+	d := pol.DecideAddr(a, port)
+	return target{addr: a, port: port, decision: d}, d
+}
+
+// decide judges a connection named host (may be "") to dst: by the name
+// first, then, if the name does not allow it, by the address dialled.
+// It returns the name's decision when both deny, so the reason names it.
+func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy.Decision) {
+	var nameDecision policy.Decision
+	if host != "" {
+		t, d := decideName(pol, host, dst.Port())
+		if d.Allowed {
+			return t, d
+		}
+		nameDecision = d
+	}
+	if dst.Addr().IsValid() {
+		if t, d := decideAddr(pol, dst.Addr(), dst.Port()); d.Allowed {
+			return t, d
+		}
+	}
+	if host == "" && nameDecision.Reason == "" {
+		nameDecision.Reason = policy.ReasonNoRule
+	}
+	return target{}, nameDecision
+}
+
+// session is one client connection on its way to a decision: transparent,
+// or an explicit proxy's CONNECT tunnel.
+type session struct {
+	p      *Proxy
+	ctx    context.Context
+	client *net.TCPConn
+	agent  string
+	pol    *policy.Policy
+	src    netip.AddrPort
+	dst    netip.AddrPort // original destination; for CONNECT to a name, only the port
+	names  []string       // names to judge other TCP by
+	kind   egresslog.Kind // KindConnect for tunnels; otherwise set by protocol
+	start  time.Time
+}
+
+// serveTransparent identifies, bounds and runs one redirected connection.
+func (p *Proxy) serveTransparent(c *net.TCPConn) {
+	start := time.Now()
+	src := addrPortOf(c.RemoteAddr())
+	rec := egresslog.Record{Time: start, Kind: egresslog.KindTCP}
+	agent, pol, ok := p.lookupAgent(src.Addr())
+	if !ok {
+		rec.Host, rec.Reason = src.Addr().String(), ReasonUnknownSource
+		p.record(rec)
+		reset(c)
+		return
+	}
+	rec.Agent = agent
+	release, why := p.acquire(agent)
+	if why != "" {
+		rec.Reason = why
+		p.record(rec)
+		reset(c)
+		return
+	}
+	defer release()
+	origDst := p.OriginalDst
+	if origDst == nil {
+		origDst = OriginalDst
+	}
+	dst, err := origDst(c)
+	if err != nil || dst == addrPortOf(c.LocalAddr()) {
+		rec.Reason = ReasonNotRedirected
+		p.record(rec)
+		reset(c)
+		return
+	}
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	var names []string
+	if p.Names != nil {
+		names = p.Names(agent, dst.Addr())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, src: src, dst: dst, names: names, start: start}
+	s.run(nil)
+}
+
+func (p *Proxy) lookupAgent(src netip.Addr) (string, *policy.Policy, bool) {
+	if p.Agents == nil {
+		return "", nil, false
+	}
+	return p.Agents(src)
+}
+
+// speculative returns the target to dial before the client speaks: the
+// first remembered name the policy allows on this port, or the address
+// itself when an address rule or open mode allows it. Dialling early lets
+// server-first protocols (SSH, SMTP, MySQL) work, and saves a round trip
+// when the client does speak first.
+func (s *session) speculative() (target, bool) {
+	for _, n := range s.names {
+		if t, d := decideName(s.pol, n, s.dst.Port()); d.Allowed {
+			return t, true
+		}
+	}
+	if s.dst.Addr().IsValid() {
+		if t, d := decideAddr(s.pol, s.dst.Addr(), s.dst.Port()); d.Allowed {
+			return t, true
+		}
+	}
+	return target{}, false
+}
+
+type readResult struct {
+	buf []byte
+	err error
+}
+
+type dialResult struct {
+	conn *net.TCPConn
+	err  error
+}
+
+// readInto reads once from c into the free capacity of buf, in a
+// goroutine, and delivers the grown slice.
+func readInto(c net.Conn, buf []byte) <-chan readResult {
+	ch := make(chan readResult, 1)
+	go func() {
+		n, err := c.Read(buf[len(buf):cap(buf)])
+		ch <- readResult{buf[:len(buf)+n], err}
+	}()
+	return ch
+}
+
+// stopRead ends a pending readInto on c and returns what it read.
+func stopRead(c net.Conn, ch <-chan readResult) readResult {
+	c.SetReadDeadline(time.Unix(1, 0))
+	r := <-ch
+	c.SetReadDeadline(time.Time{})
+	return r
+}
+
+// speculation is the connection dialled before the client speaks.
+type speculation struct {
+	target target
+	ok     bool              // there is a speculative target
+	dialc  chan dialResult   // the dial in flight, nil once received
+	up     *net.TCPConn      // the connection once dialled
+	upc    <-chan readResult // its pending first read, nil once stopped
+	err    error             // the dial's error
+}
+
+func (sp *speculation) start(s *session) {
+	sp.target, sp.ok = s.speculative()
+	if !sp.ok {
+		return
+	}
+	sp.dialc = make(chan dialResult, 1)
+	go func(ch chan<- dialResult) {
+		c, err := s.p.dial(s.ctx, s.pol, sp.target)
+		ch <- dialResult{c, err}
+	}(sp.dialc)
+}
+
+// dialled takes the dial's result; on success it starts reading, to learn
+// whether the server speaks first.
+func (sp *speculation) dialled(d dialResult) {
+	sp.dialc = nil
+	if d.err != nil {
+		sp.err = d.err
+		return
+	}
+	sp.up = d.conn
+	sp.upc = readInto(sp.up, make([]byte, 0, 4096))
+}
+
+// take hands over the connection (waiting for the dial if needed) and
+// whatever the server already sent.
+func (sp *speculation) take() (*net.TCPConn, []byte, error) {
+	if sp.dialc != nil {
+		sp.dialled(<-sp.dialc)
+	}
+	if sp.up == nil {
+		if sp.err == nil {
+			sp.err = errors.New("no connection")
+		}
+		return nil, nil, sp.err
+	}
+	var early []byte
+	if sp.upc != nil {
+		early = stopRead(sp.up, sp.upc).buf
+		sp.upc = nil
+	}
+	c := sp.up
+	sp.up = nil
+	return c, early, nil
+}
+
+// discard closes the speculative connection, now or when its dial ends.
+func (sp *speculation) discard() {
+	if sp.dialc != nil {
+		go func(ch <-chan dialResult) {
+			if r := <-ch; r.conn != nil {
+				r.conn.Close()
+			}
+		}(sp.dialc)
+		sp.dialc = nil
+	}
+	if sp.up != nil {
+		sp.up.Close() // also ends a pending first read
+		sp.up, sp.upc = nil, nil
+	}
+}
+
+// run reads the client's first bytes (after buffered, which a CONNECT
+// client may have sent early) while dialling the speculative target, and
+// hands the connection to the path its protocol takes.
+func (s *session) run(buffered []byte) {
+	var sp speculation
+	sp.start(s)
+	defer sp.discard()
+
+	buf := make([]byte, len(buffered), max(4096, len(buffered)))
+	copy(buf, buffered)
+	if sp.ok {
+		s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.IdleTimeout, DefaultIdleTimeout)))
+	} else {
+		s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.HelloTimeout, DefaultHelloTimeout)))
+	}
+	var clientErr error
+	if sniff(buf) == protoUnknown {
+		clientc := readInto(s.client, buf)
+	wait:
+		for {
+			select {
+			case <-s.p.closedCh:
+				stopRead(s.client, clientc)
+				s.deny(target{}, policy.Decision{Reason: ReasonShuttingDown}, "")
+				return
+			case r := <-clientc:
+				buf, clientErr = r.buf, r.err
+				if clientErr == nil && sniff(buf) == protoUnknown && len(buf) < cap(buf) {
+					clientc = readInto(s.client, buf)
+					continue
+				}
+				break wait
+			case d := <-sp.dialc:
+				sp.dialled(d) // on failure, a TLS or HTTP client may still name another host
+			case r := <-sp.upc:
+				sp.upc = nil
+				cr := stopRead(s.client, clientc)
+				if len(r.buf) == 0 {
+					s.deny(sp.target, sp.target.decision, reasonUpstreamPrefix+errString(r.err))
+					return
+				}
+				// The server spoke first: other TCP, judged by the
+				// speculative target already.
+				up, _, _ := sp.take()
+				s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, cr.buf, r.buf)
+				return
+			}
+		}
+	}
+	s.client.SetReadDeadline(time.Time{})
+
+	if len(buf) == 0 {
+		switch {
+		case isTimeout(clientErr) && !sp.ok:
+			s.deny(target{}, policy.Decision{Reason: ReasonHelloTimeout}, "")
+			return
+		case !sp.ok || isTimeout(clientErr):
+			s.deny(target{}, policy.Decision{Reason: ReasonClientClosed}, "")
+			return
+		}
+	}
+
+	switch sniff(buf) {
+	case protoTLS:
+		s.serveTLS(buf, &sp)
+	case protoHTTP:
+		sp.discard()
+		s.p.handoffHTTP(s, buf)
+	default:
+		if !sp.ok {
+			t, d := s.noNameDecision()
+			s.deny(t, d, "")
+			return
+		}
+		up, early, err := sp.take()
+		if err != nil {
+			s.dialFailed(sp.target, err)
+			return
+		}
+		s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, buf, early)
+	}
+}
+
+// noNameDecision says why other TCP was refused: the first remembered
+// name's denial, or that there was no name.
+func (s *session) noNameDecision() (target, policy.Decision) {
+	for _, n := range s.names {
+		if t, d := decideName(s.pol, n, s.dst.Port()); !d.Allowed {
+			t.host = n
+			return t, d
+		}
+	}
+	return target{}, policy.Decision{Reason: ReasonNoName}
+}
+
+// serveTLS reads the whole ClientHello, judges its server name, and
+// intercepts, splices or refuses.
+func (s *session) serveTLS(buf []byte, sp *speculation) {
+	maxHello := orDefault(s.p.MaxHelloSize, DefaultMaxHelloSize)
+	s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.HelloTimeout, DefaultHelloTimeout)))
+	for {
+		done, err := helloComplete(buf)
+		if err != nil {
+			s.denyTLS(target{}, policy.Decision{Reason: err.Error()})
+			return
+		}
+		if done {
+			break
+		}
+		if len(buf) >= maxHello {
+			s.denyTLS(target{}, policy.Decision{Reason: ReasonHelloTooBig})
+			return
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, make([]byte, min(cap(buf), maxHello-len(buf)))...)[:len(buf)]
+		}
+		n, err := s.client.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil && n == 0 {
+			s.denyTLS(target{}, policy.Decision{Reason: "reading ClientHello: " + errString(err)})
+			return
+		}
+	}
+	s.client.SetReadDeadline(time.Time{})
+	hello, err := parseHello(buf)
+	if err != nil {
+		s.denyTLS(target{}, policy.Decision{Reason: err.Error()})
+		return
+	}
+	t, d := decide(s.pol, hello.serverName, s.dst)
+	if !d.Allowed {
+		if hello.serverName == "" && d.Reason == policy.ReasonNoRule {
+			d.Reason = ReasonNoSNI
+		}
+		s.denyTLS(target{host: hello.serverName, port: s.dst.Port()}, d)
+		return
+	}
+	if t.host != "" && s.p.Interceptor != nil && s.p.Interceptor.Claims(s.agent, t.host) {
+		sp.discard()
+		s.intercept(t, buf)
+		return
+	}
+	var up *net.TCPConn
+	var early []byte
+	if sp.ok && t.same(sp.target) {
+		up, early, err = sp.take()
+	} else {
+		sp.discard()
+		up, err = s.p.dial(s.ctx, s.pol, t)
+	}
+	if err != nil {
+		s.dialFailed(t, err)
+		return
+	}
+	s.relay(kindOr(s.kind, egresslog.KindTLS), up, t, buf, early)
+}
+
+func kindOr(k, def egresslog.Kind) egresslog.Kind {
+	if k != "" {
+		return k
+	}
+	return def
+}
+
+// baseRecord is the record of this session for target t.
+func (s *session) baseRecord(kind egresslog.Kind, t target, d policy.Decision) egresslog.Record {
+	host := t.label()
+	if t.host == "" && !t.addr.IsValid() {
+		host = s.dst.Addr().String()
+		if !s.dst.Addr().IsValid() && len(s.names) > 0 {
+			host = s.names[0]
+		}
+	}
+	return egresslog.Record{
+		Time: s.start, Agent: s.agent, Kind: kind, Host: host, Port: s.dst.Port(),
+		Allowed: d.Allowed, Report: d.Report, Reason: d.Reason, Rule: d.Rule,
+	}
+}
+
+// deny records a refusal and resets the client.
+func (s *session) deny(t target, d policy.Decision, why string) {
+	r := s.baseRecord(kindOr(s.kind, egresslog.KindTCP), t, d)
+	r.Allowed, r.Report = false, false
+	if why != "" {
+		r.Reason = why
+	}
+	r.Duration = time.Since(s.start)
+	s.p.record(r)
+	reset(s.client)
+}
+
+// tlsAccessDenied is a fatal TLS alert, access_denied, so that the client
+// reports a refusal rather than a broken connection.
+var tlsAccessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31}
+
+func (s *session) denyTLS(t target, d policy.Decision) {
+	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, d)
+	r.Allowed, r.Report = false, false
+	r.Duration = time.Since(s.start)
+	s.p.record(r)
+	s.client.SetWriteDeadline(time.Now().Add(time.Second))
+	s.client.Write(tlsAccessDenied)
+	s.client.Close()
+}
+
+// dialFailed records a failed upstream dial and resets the client at once,
+// so that a refused upstream is a refused connection.
+func (s *session) dialFailed(t target, err error) {
+	r := s.baseRecord(kindOr(s.kind, egresslog.KindTCP), t, t.decision)
+	r.Allowed = false
+	r.Reason = reasonUpstreamPrefix + err.Error()
+	r.Duration = time.Since(s.start)
+	s.p.record(r)
+	reset(s.client)
+}
+
+// intercept hands the connection, with the ClientHello already read, to
+// the Interceptor and records it when it returns.
+func (s *session) intercept(t target, hello []byte) {
+	c := newPrefixConn(s.client, hello)
+	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, t.decision)
+	s.p.Interceptor.Intercept(s.ctx, c, s.agent, s.pol, t.host, t.port)
+	c.Close()
+	r.Reason = ReasonIntercepted
+	r.BytesUp, r.Bytes = c.read.Load(), c.written.Load()
+	r.Duration = time.Since(s.start)
+	s.p.record(r)
+}
+
+// dial connects to t through netguard, resolving names on the gateway.
+func (p *Proxy) dial(ctx context.Context, pol *policy.Policy, t target) (*net.TCPConn, error) {
+	d := netguard.Dialer{
+		Guard:        p.Guard,
+		AllowPrivate: pol.AllowPrivateNetworks(),
+		Resolver:     p.Resolver,
+		Timeout:      orDefault(p.DialTimeout, DefaultDialTimeout),
+	}
+	c, err := d.DialContext(ctx, "tcp", t.dialAddress())
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("tproxy: dial %s: not a TCP connection", t.dialAddress())
+	}
+	return tc, nil
+}
+
+// reset closes c with a TCP RST rather than a FIN.
+func reset(c *net.TCPConn) {
+	c.SetLinger(0)
+	c.Close()
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "closed"
+	}
+	return err.Error()
+}

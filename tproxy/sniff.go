@@ -1,0 +1,138 @@
+package tproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"slices"
+	"time"
+)
+
+// protocol is what a connection's first bytes say it speaks.
+type protocol uint8
+
+const (
+	protoUnknown protocol = iota // not enough bytes yet
+	protoTLS
+	protoHTTP
+	protoOther
+)
+
+// sniff classifies the first bytes of a connection. A TLS handshake record
+// starts 0x16 0x03; an HTTP/1 request starts with a method token of capital
+// letters and a space. Anything else is other TCP.
+func sniff(b []byte) protocol {
+	if len(b) == 0 {
+		return protoUnknown
+	}
+	if b[0] == 0x16 {
+		if len(b) < 2 {
+			return protoUnknown
+		}
+		if b[1] == 0x03 {
+			return protoTLS
+		}
+		return protoOther
+	}
+	for i, c := range b {
+		switch {
+		case c == ' ' && i >= 3:
+			return protoHTTP
+		case c < 'A' || c > 'Z' || i >= 12:
+			return protoOther
+		}
+	}
+	return protoUnknown
+}
+
+// ErrECH says that a ClientHello offers Encrypted Client Hello, whose
+// outer server name is not the server the client means to reach.
+var ErrECH = errors.New("tproxy: TLS ClientHello uses Encrypted Client Hello; its real server name is hidden")
+
+// extensionECH is the encrypted_client_hello extension (RFC 9849).
+const extensionECH = 0xfe0d
+
+// helloInfo is what the proxy keeps of a ClientHello.
+type helloInfo struct {
+	serverName string
+	alpn       []string
+}
+
+// helloComplete reports whether b holds a whole ClientHello handshake
+// message, which may span several TLS records (a post-quantum key share
+// makes it larger than one TCP segment, and a client may split it into
+// records of any size). It returns an error for bytes that are not a TLS
+// handshake or a handshake that is not a ClientHello.
+func helloComplete(b []byte) (bool, error) {
+	var msg []byte // handshake bytes gathered from the records so far
+	for len(b) > 0 {
+		if len(b) < 5 {
+			return false, nil
+		}
+		if b[0] != 0x16 {
+			return false, errors.New("tproxy: not a TLS handshake record")
+		}
+		n := int(b[3])<<8 | int(b[4])
+		if n == 0 || n > 1<<14+2048 {
+			return false, errors.New("tproxy: TLS record length out of range")
+		}
+		if len(b) < 5+n {
+			msg = append(msg, b[5:]...)
+			break
+		}
+		msg = append(msg, b[5:5+n]...)
+		b = b[5+n:]
+	}
+	if len(msg) > 0 && msg[0] != 1 {
+		return false, errors.New("tproxy: first TLS handshake message is not a ClientHello")
+	}
+	if len(msg) < 4 {
+		return false, nil
+	}
+	need := 4 + (int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3]))
+	return len(msg) >= need, nil
+}
+
+// parseHello parses a complete ClientHello with crypto/tls: a server
+// handshake over the bytes, stopped as soon as the hello is read.
+func parseHello(b []byte) (helloInfo, error) {
+	var info helloInfo
+	var hasECH bool
+	errStop := errors.New("stop")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := tls.Server(&replayConn{r: bytes.NewReader(b)}, &tls.Config{
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			info = helloInfo{serverName: h.ServerName, alpn: slices.Clone(h.SupportedProtos)}
+			hasECH = slices.Contains(h.Extensions, extensionECH)
+			return nil, errStop
+		},
+	}).HandshakeContext(ctx)
+	switch {
+	case hasECH:
+		return helloInfo{}, ErrECH
+	case errors.Is(err, errStop):
+		return info, nil
+	case err == nil:
+		return helloInfo{}, errors.New("tproxy: ClientHello parse did not stop")
+	}
+	return helloInfo{}, errors.Join(errors.New("tproxy: invalid ClientHello"), err)
+}
+
+// replayConn is a read-only net.Conn over bytes, for parsing a ClientHello
+// with crypto/tls; what crypto/tls writes back (an alert) is discarded.
+type replayConn struct {
+	r io.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
+func (c *replayConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (c *replayConn) Close() error                     { return nil }
+func (c *replayConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *replayConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *replayConn) SetDeadline(time.Time) error      { return nil }
+func (c *replayConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *replayConn) SetWriteDeadline(time.Time) error { return nil }

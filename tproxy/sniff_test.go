@@ -1,0 +1,130 @@
+package tproxy
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// realHellos are ClientHellos captured from real clients, all with SNI
+// api.example.test (testdata/clienthello/README.md).
+func realHellos(t testing.TB) map[string][]byte {
+	t.Helper()
+	files, err := filepath.Glob("testdata/clienthello/*.bin")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no ClientHello fixtures: %v", err)
+	}
+	out := map[string][]byte{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[strings.TrimSuffix(filepath.Base(f), ".bin")] = b
+	}
+	return out
+}
+
+func TestParseRealHellos(t *testing.T) {
+	for name, b := range realHellos(t) {
+		t.Run(name, func(t *testing.T) {
+			if p := sniff(b); p != protoTLS {
+				t.Fatalf("sniff = %v", p)
+			}
+			// Every strict prefix is incomplete, never an error.
+			for i := 1; i < len(b); i++ {
+				done, err := helloComplete(b[:i])
+				if err != nil || done {
+					t.Fatalf("prefix of %d bytes: complete=%v err=%v", i, done, err)
+				}
+			}
+			done, err := helloComplete(b)
+			if err != nil || !done {
+				t.Fatalf("whole hello: complete=%v err=%v", done, err)
+			}
+			h, err := parseHello(b)
+			if err != nil || h.serverName != "api.example.test" {
+				t.Fatalf("parseHello = %+v, %v", h, err)
+			}
+		})
+	}
+}
+
+// TestHelloSplitAcrossRecords re-frames a real ClientHello into records
+// of 100 bytes, as a client may: it is complete only with the last record.
+func TestHelloSplitAcrossRecords(t *testing.T) {
+	b := realHellos(t)["go1.26-default-x25519mlkem768"]
+	msg := b[5:]
+	var framed []byte
+	for len(msg) > 0 {
+		n := min(100, len(msg))
+		framed = append(framed, 0x16, 0x03, 0x01, byte(n>>8), byte(n))
+		framed = append(framed, msg[:n]...)
+		msg = msg[n:]
+	}
+	last := len(framed) - 5 - 100
+	if done, err := helloComplete(framed[:last]); done || err != nil {
+		t.Fatalf("before the last record: complete=%v err=%v", done, err)
+	}
+	if done, err := helloComplete(framed); !done || err != nil {
+		t.Fatalf("all records: complete=%v err=%v", done, err)
+	}
+	h, err := parseHello(framed)
+	if err != nil || h.serverName != "api.example.test" {
+		t.Fatalf("parseHello = %+v, %v", h, err)
+	}
+}
+
+func TestSniff(t *testing.T) {
+	tests := []struct {
+		in   string
+		want protocol
+	}{
+		{"", protoUnknown},
+		{"\x16", protoUnknown},
+		{"\x16\x03\x01", protoTLS},
+		{"\x16\x01", protoOther},
+		{"GET / HTTP/1.1\r\n", protoHTTP},
+		{"POST /x", protoHTTP},
+		{"GE", protoUnknown},
+		{"OPTIONS * HTTP/1.1", protoHTTP},
+		{"SSH-2.0-OpenSSH_9.6\r\n", protoOther},
+		{"get / HTTP/1.1", protoOther},
+		{"GET/", protoOther},
+		{"ABCDEFGHIJKLMNOP ", protoOther},
+		{"\x00\x00\x00\x4a\x00", protoOther},
+	}
+	for _, tt := range tests {
+		if got := sniff([]byte(tt.in)); got != tt.want {
+			t.Errorf("sniff(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestHelloErrors(t *testing.T) {
+	for _, in := range []string{"\x17\x03\x01\x00\x05hello", "\x16\x03\x01\x00\x00", "\x16\x03\x01\xff\xff", "\x16\x03\x01\x00\x04\x02\x00\x00\x00"} {
+		if _, err := helloComplete([]byte(in)); err == nil {
+			t.Errorf("helloComplete(%q) accepted it", in)
+		}
+	}
+	if _, err := parseHello([]byte("\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00")); err == nil {
+		t.Error("parseHello accepted a truncated hello")
+	}
+}
+
+func FuzzHello(f *testing.F) {
+	for _, b := range realHellos(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		done, err := helloComplete(b)
+		if err != nil || !done {
+			return
+		}
+		h, err := parseHello(b)
+		if err == nil && len(h.serverName) > 255 {
+			t.Fatalf("server name of %d bytes", len(h.serverName))
+		}
+	})
+}
