@@ -155,7 +155,9 @@ func TestOtherTCPWithoutNameDenied(t *testing.T) {
 	c = w.dial(w.echoAddr)
 	c.Write([]byte("\x00\x01binary"))
 	c.Read(make([]byte, 1))
-	w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Reason == policy.ReasonNoRule && r.Host == "blocked.test" })
+	w.waitRecord(func(r egresslog.Record) bool {
+		return !r.Allowed && r.Reason == policy.ReasonNoRule && r.Host == "blocked.test"
+	})
 }
 
 func TestHalfClose(t *testing.T) {
