@@ -524,3 +524,26 @@ func (w *testWriter) Close() error        { return nil }
 func (w *testWriter) TsigStatus() error   { return nil }
 func (w *testWriter) TsigTimersOnly(bool) {}
 func (w *testWriter) Hijack()             {}
+
+func TestLookupNetIP(t *testing.T) {
+	h := newHarness(t, nil, nil) // the gateway's own lookups ignore policy
+	addrs, err := h.srv.LookupNetIP(context.Background(), "ip", "a.test")
+	if err != nil || len(addrs) != 2 {
+		t.Fatalf("ip: %v, %v", addrs, err)
+	}
+	addrs, err = h.srv.LookupNetIP(context.Background(), "ip4", "cname.test")
+	if err != nil || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("140.82.112.3") {
+		t.Fatalf("ip4 through a CNAME: %v, %v", addrs, err)
+	}
+	if _, err := h.srv.LookupNetIP(context.Background(), "ip", "nx.test"); err == nil {
+		t.Fatal("NXDOMAIN resolved")
+	}
+	before := h.up.count("a.test")
+	h.srv.LookupNetIP(context.Background(), "ip", "a.test")
+	if h.up.count("a.test") != before {
+		t.Error("a cached answer went upstream again")
+	}
+	if len(h.log.List(egresslog.Filter{}, 0)) != 0 {
+		t.Error("the gateway's own lookups were recorded as an agent's")
+	}
+}

@@ -118,7 +118,9 @@ func orString(s, def string) string {
 	return def
 }
 
-func openRules(netnsPath, table string) (*Rules, error) {
+// openRules opens an nftables connection in a namespace; extra options
+// (a test's recording dialer) come after the namespace's.
+func openRules(netnsPath, table string, extra ...nftables.ConnOption) (*Rules, error) {
 	r := &Rules{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: table}}
 	var opts []nftables.ConnOption
 	if netnsPath != "" {
@@ -129,7 +131,7 @@ func openRules(netnsPath, table string) (*Rules, error) {
 		r.netns = f
 		opts = append(opts, nftables.WithNetNSFd(int(f.Fd())))
 	}
-	c, err := nftables.New(opts...)
+	c, err := nftables.New(append(opts, extra...)...)
 	if err != nil {
 		r.release()
 		return nil, fmt.Errorf("tproxy: nftables: %w", err)
@@ -156,7 +158,7 @@ func (r *Rules) replaceTable() {
 func (g GatewayRules) build(r *Rules) error {
 	c, t := r.conn, r.table
 	r.replaceTable()
-	r.ifaces = &nftables.Set{Table: t, Name: "agent_ifaces", KeyType: nftables.TypeIFName}
+	r.ifaces = &nftables.Set{Table: t, Name: "agent_ifaces", KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian}
 	var elems []nftables.SetElement
 	for _, name := range g.Interfaces {
 		elems = append(elems, nftables.SetElement{Key: ifname(name)})

@@ -361,7 +361,7 @@ func (s *session) run(buffered []byte) {
 		}
 		up, early, err := sp.take()
 		if err != nil {
-			s.dialFailed(sp.target, err)
+			s.dialFailed(egresslog.KindTCP, sp.target, err)
 			return
 		}
 		s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, buf, early)
@@ -436,7 +436,7 @@ func (s *session) serveTLS(buf []byte, sp *speculation) {
 		up, err = s.p.dial(s.ctx, s.pol, t)
 	}
 	if err != nil {
-		s.dialFailed(t, err)
+		s.dialFailed(egresslog.KindTLS, t, err)
 		return
 	}
 	s.relay(kindOr(s.kind, egresslog.KindTLS), up, t, buf, early)
@@ -492,8 +492,8 @@ func (s *session) denyTLS(t target, d policy.Decision) {
 
 // dialFailed records a failed upstream dial and resets the client at once,
 // so that a refused upstream is a refused connection.
-func (s *session) dialFailed(t target, err error) {
-	r := s.baseRecord(kindOr(s.kind, egresslog.KindTCP), t, t.decision)
+func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
+	r := s.baseRecord(kindOr(s.kind, kind), t, t.decision)
 	r.Allowed = false
 	r.Reason = reasonUpstreamPrefix + err.Error()
 	r.Duration = time.Since(s.start)

@@ -1,0 +1,108 @@
+package dnsfilter
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/miekg/dns"
+)
+
+// LookupNetIP resolves host for the gateway itself, through the same
+// upstreams and cache as the sandboxes' queries but without any policy:
+// it is what the gateway connects to (the "server-side resolution"), and
+// netguard checks each address at dial time. It implements
+// netguard.Resolver, so tproxy and mitm can use the Server directly.
+func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	s.init()
+	var qtypes []uint16
+	switch network {
+	case "ip":
+		qtypes = []uint16{dns.TypeA, dns.TypeAAAA}
+	case "ip4":
+		qtypes = []uint16{dns.TypeA}
+	case "ip6":
+		qtypes = []uint16{dns.TypeAAAA}
+	default:
+		return nil, &net.DNSError{Err: "unsupported network " + network, Name: host}
+	}
+	name := dns.Fqdn(strings.ToLower(host))
+	type result struct {
+		i     int
+		addrs []netip.Addr
+		err   error
+	}
+	results := make(chan result, len(qtypes))
+	for i, qt := range qtypes {
+		go func() {
+			req := new(dns.Msg)
+			req.SetQuestion(name, qt)
+			m, _, err := s.resolve(req, req.Question[0], false)
+			if err != nil {
+				results <- result{i: i, err: err}
+				return
+			}
+			results <- result{i: i, addrs: addressesOf(m, name)}
+		}()
+	}
+	byType := make([][]netip.Addr, len(qtypes)) // IPv4 first, in a stable order
+	var firstErr error
+	for range qtypes {
+		select {
+		case r := <-results:
+			byType[r.i] = r.addrs
+			if r.err != nil && firstErr == nil {
+				firstErr = r.err
+			}
+		case <-ctx.Done():
+			return nil, &net.DNSError{Err: ctx.Err().Error(), Name: host, IsTimeout: true}
+		}
+	}
+	var addrs []netip.Addr
+	for _, a := range byType {
+		addrs = append(addrs, a...)
+	}
+	if len(addrs) == 0 {
+		if firstErr != nil {
+			return nil, &net.DNSError{Err: firstErr.Error(), Name: host, IsTemporary: true}
+		}
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	return addrs, nil
+}
+
+// addressesOf returns the addresses an answer gives for name, following
+// its CNAME chain.
+func addressesOf(m *dns.Msg, name string) []netip.Addr {
+	chain := []string{name}
+	for range maxChain {
+		next := ""
+		for _, rr := range m.Answer {
+			if c, ok := rr.(*dns.CNAME); ok && strings.EqualFold(c.Hdr.Name, chain[len(chain)-1]) {
+				next = c.Target
+			}
+		}
+		if next == "" || containsFold(chain, next) {
+			break
+		}
+		chain = append(chain, next)
+	}
+	var out []netip.Addr
+	for _, rr := range m.Answer {
+		if !containsFold(chain, rr.Header().Name) {
+			continue
+		}
+		var ip net.IP
+		switch v := rr.(type) {
+		case *dns.A:
+			ip = v.A
+		case *dns.AAAA:
+			ip = v.AAAA
+		}
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}

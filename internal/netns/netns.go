@@ -1,0 +1,157 @@
+// Package netns creates and uses named network namespaces (the ones `ip
+// netns` manages) for tests and for the example programs: namespaces,
+// veth pairs between them, commands and Go code run inside them.
+//
+// It drives iproute2's ip command, which every Linux machine this project
+// targets has, and setns(2) for Go code. Everything needs root.
+package netns
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// NS is a named network namespace.
+type NS struct {
+	Name string
+}
+
+// Unique returns prefix followed by random hex, at most 15 bytes long so
+// that it can also name an interface.
+func Unique(prefix string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	s := prefix + hex.EncodeToString(b)
+	if len(s) > 15 {
+		s = s[len(s)-15:]
+	}
+	return s
+}
+
+// Add creates a namespace with its loopback up.
+func Add(name string) (*NS, error) {
+	if err := IP("netns", "add", name); err != nil {
+		return nil, err
+	}
+	n := &NS{Name: name}
+	if err := n.IP("link", "set", "lo", "up"); err != nil {
+		n.Delete()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Path is the namespace's bind mount, for setns or nftables.
+func (n *NS) Path() string { return filepath.Join("/run/netns", n.Name) }
+
+// Delete removes the namespace (and with it its interfaces and nftables
+// tables) and its /etc/netns files.
+func (n *NS) Delete() error {
+	os.RemoveAll(filepath.Join("/etc/netns", n.Name))
+	return IP("netns", "delete", n.Name)
+}
+
+// IP runs `ip -n NAME args...`.
+func (n *NS) IP(args ...string) error {
+	return IP(append([]string{"-n", n.Name}, args...)...)
+}
+
+// Command returns a command that runs inside the namespace.
+func (n *NS) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// Run runs a command inside the namespace and returns its combined output.
+func (n *NS) Run(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := n.Command(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), n.Name, err, out)
+	}
+	return string(out), nil
+}
+
+// SetResolvConf writes the resolv.conf that programs run through `ip netns
+// exec` see.
+func (n *NS) SetResolvConf(content string) error {
+	dir := filepath.Join("/etc/netns", n.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(content), 0o644)
+}
+
+// Sysctl sets a sysctl inside the namespace, such as
+// net.ipv4.ip_forward=0.
+func (n *NS) Sysctl(setting string) error {
+	_, err := n.Run(context.Background(), "sysctl", "-q", "-w", setting)
+	return err
+}
+
+// Do runs f on an OS thread that is inside the namespace. Sockets f
+// creates belong to the namespace and may be used from any goroutine
+// afterwards. The thread is discarded when f returns.
+func (n *NS) Do(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread leaves with the goroutine, and never
+		// serves other goroutines from inside the namespace.
+		runtime.LockOSThread()
+		fd, err := unix.Open(n.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("netns: open %s: %w", n.Name, err)
+			return
+		}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("netns: enter %s: %w", n.Name, err)
+			return
+		}
+		errc <- f()
+	}()
+	return <-errc
+}
+
+// Veth connects two namespaces with a veth pair, aName in a and bName in
+// b, both up.
+func Veth(a *NS, aName string, b *NS, bName string) error {
+	if err := a.IP("link", "add", aName, "type", "veth", "peer", "name", bName, "netns", b.Name); err != nil {
+		return err
+	}
+	if err := a.IP("link", "set", aName, "up"); err != nil {
+		return err
+	}
+	return b.IP("link", "set", bName, "up")
+}
+
+// IP runs the ip command in the caller's namespace.
+func IP(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// ErrNotRoot is returned by Available when namespaces cannot be made.
+var ErrNotRoot = errors.New("netns: requires root")
+
+// Available reports whether this process can create namespaces.
+func Available() error {
+	if os.Geteuid() != 0 {
+		return ErrNotRoot
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return fmt.Errorf("netns: the ip command (iproute2) is missing: %w", err)
+	}
+	return nil
+}

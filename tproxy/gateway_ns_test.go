@@ -1,0 +1,670 @@
+package tproxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+
+	"github.com/agenthold/egress/dnsfilter"
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// gatewayConfig is what the gateway helper process is told.
+type gatewayConfig struct {
+	Allow      []string
+	Iface      string
+	Upstream   string
+	Records    string
+	AgentAddrs []string
+}
+
+const (
+	gwDNSPort      = 15053
+	gwProxyPort    = 15001
+	gwExplicitPort = 15002
+	gwClosedPort   = 15080 // listened on, but not one of the named ports
+)
+
+// TestGatewayHelper is not a test: it is the gateway process that
+// TestGatewayInNamespaces starts inside the gateway namespace, so that
+// every socket of the gateway lives there and killing it is a real crash.
+func TestGatewayHelper(t *testing.T) {
+	raw := os.Getenv("TPROXY_TEST_GATEWAY")
+	if raw == "" {
+		t.Skip("the gateway process of TestGatewayInNamespaces; not run on its own")
+	}
+	var cfg gatewayConfig
+	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: cfg.Allow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents := map[netip.Addr]bool{}
+	for _, a := range cfg.AgentAddrs {
+		agents[netip.MustParseAddr(a)] = true
+	}
+	agentFunc := func(src netip.Addr) (string, *policy.Policy, bool) {
+		return "sb", pol, agents[src]
+	}
+	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{
+		netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("fd00::/8"),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink, err := egresslog.OpenJSONFile(cfg.Records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elog := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
+	rules, err := GatewayRules{Interfaces: []string{cfg.Iface}, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rules.Close()
+	dnsSrv := &dnsfilter.Server{Agents: agentFunc, Upstreams: []string{cfg.Upstream}, Guard: guard, Log: elog}
+	go dnsSrv.ListenAndServe(fmt.Sprintf(":%d", gwDNSPort))
+	p := &Proxy{Agents: agentFunc, Names: dnsSrv.Names, Guard: guard, Resolver: dnsSrv, Log: elog, HelloTimeout: 2 * time.Second}
+	for port, serve := range map[int]func(net.Listener) error{gwProxyPort: p.Serve, gwExplicitPort: p.ServeExplicit, gwClosedPort: serveOpen} {
+		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go serve(ln)
+	}
+	fmt.Println("READY")
+	io.Copy(io.Discard, os.Stdin) // until the parent closes stdin or kills us
+	p.Close()
+	elog.Close(context.Background())
+	sink.Close()
+}
+
+func serveOpen(ln net.Listener) error {
+	acceptLoop(ln, func(c net.Conn) { c.Write([]byte("open\n")); c.Close() })
+	return nil
+}
+
+// nsWorld is three namespaces: a sandbox, its gateway, and an "internet"
+// with real servers, all on 198.18.0.0/15 and fd00::/8.
+type nsWorld struct {
+	t           *testing.T
+	sb, gw, in  *netns.NS
+	gwIface     string
+	ca          *testCA
+	caFile      string
+	records     string
+	gateway     *exec.Cmd
+	gatewayIn   io.WriteCloser
+	udpReceived atomic.Int64
+}
+
+func TestGatewayInNamespaces(t *testing.T) {
+	requireNamespaces(t)
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("requires curl (apt-get install curl)")
+	}
+	w := newNSWorld(t)
+
+	// Before the gateway: the topology really would forward, and ping.
+	if !w.udpGetsThrough() {
+		t.Fatal("sanity: UDP from the sandbox does not reach the internet namespace before the rules")
+	}
+	if !w.ping("198.18.100.1") {
+		t.Fatal("sanity: ping does not reach the internet namespace before the rules")
+	}
+
+	w.startGateway([]string{"api.test", "www.test", "*.wild.test", "ssh.test:22", "meta.test"})
+
+	step(t, "allowed HTTPS", func() {
+		for _, family := range []string{"-4", "-6"} {
+			out, err := w.curl(family, "https://api.test/")
+			if err != nil || !strings.Contains(out, "api.test") {
+				t.Fatalf("curl %s: %q %v", family, out, err)
+			}
+		}
+		out, err := w.goHTTPS("api.test")
+		if err != nil || !strings.Contains(out, " api.test") {
+			t.Fatalf("Go client: %q %v", out, err)
+		}
+	})
+	step(t, "allowed HTTP", func() {
+		if out, err := w.curl("http://www.test/"); err != nil || !strings.Contains(out, "www.test") {
+			t.Fatalf("curl: %q %v", out, err)
+		}
+	})
+	step(t, "denied name", func() {
+		if _, err := w.curl("https://other.test/"); err == nil {
+			t.Fatal("a denied name resolved")
+		}
+		w.waitRecord(func(r egresslog.Record) bool {
+			return r.Kind == egresslog.KindDNS && r.Host == "other.test" && !r.Allowed && r.Reason == policy.ReasonNoRule
+		})
+		// Even with an address from elsewhere, the connection is refused.
+		if _, err := w.curl("--resolve", "other.test:443:198.18.100.5", "https://other.test/"); err == nil {
+			t.Fatal("a denied name was reached through a known address")
+		}
+		w.waitRecord(func(r egresslog.Record) bool {
+			return r.Kind == egresslog.KindTLS && r.Host == "other.test" && !r.Allowed && r.Reason == policy.ReasonNoRule
+		})
+	})
+	step(t, "wildcard", func() {
+		if out, err := w.curl("https://sub.wild.test/"); err != nil || !strings.Contains(out, "sub.wild.test") {
+			t.Fatalf("subdomain: %q %v", out, err)
+		}
+		if _, err := w.curl("--resolve", "wild.test:443:198.18.100.4", "https://wild.test/"); err == nil {
+			t.Fatal("the apex of a wildcard was allowed")
+		}
+	})
+	step(t, "forged SNI", func() {
+		out, err := w.curl("--resolve", "api.test:443:198.18.100.5", "https://api.test/")
+		if err != nil || !strings.HasPrefix(out, "198.18.100.1:443") {
+			t.Fatalf("a forged address reached %q (%v); want api.test's own address", out, err)
+		}
+	})
+	step(t, "each request judged", func() {
+		c := w.dialFromSandbox("198.18.100.2:80")
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i, tc := range []struct {
+			host   string
+			status int
+		}{{"www.test", 200}, {"other.test", 403}, {"www.test", 200}} {
+			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", tc.host)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("request %d for %s: %d, want %d", i, tc.host, resp.StatusCode, tc.status)
+			}
+		}
+	})
+	step(t, "other TCP by resolved name", func() {
+		if ip := w.lookupInSandbox("ssh.test"); ip != netip.MustParseAddr("198.18.100.3") {
+			t.Fatalf("ssh.test resolved to %v", ip)
+		}
+		c := w.dialFromSandbox("198.18.100.3:22")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if err != nil || !strings.HasPrefix(line, "SSH-2.0") {
+			t.Fatalf("banner: %q %v", line, err)
+		}
+		// The same service at an address never looked up is refused.
+		c = w.dialFromSandbox("198.18.100.6:22")
+		c.SetReadDeadline(time.Now().Add(15 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("other TCP without a lookup got data")
+		}
+		c.Close()
+	})
+	step(t, "never tier refused at dial", func() {
+		if _, err := w.curl("--resolve", "meta.test:443:198.18.100.1", "https://meta.test/"); err == nil {
+			t.Fatal("reached a name that resolves to the metadata address")
+		}
+		w.waitRecord(func(r egresslog.Record) bool {
+			return r.Host == "meta.test" && r.Kind == egresslog.KindTLS && strings.Contains(r.Reason, "metadata")
+		})
+	})
+	step(t, "UDP and ICMP dropped", func() {
+		if w.udpGetsThrough() {
+			t.Fatal("UDP from the sandbox reached the internet")
+		}
+		if w.ping("198.18.100.1") {
+			t.Fatal("ICMP from the sandbox reached the internet")
+		}
+		if w.ping("198.18.1.2") {
+			t.Fatal("the gateway answered ICMP")
+		}
+	})
+	step(t, "only the named gateway ports", func() {
+		c := w.dialFromSandbox(fmt.Sprintf("198.18.1.2:%d", gwExplicitPort))
+		c.Close()
+		if c, err := w.tryDialFromSandbox(fmt.Sprintf("198.18.1.2:%d", gwClosedPort), time.Second); err == nil {
+			c.Close()
+			t.Fatal("a gateway port that is not named answered")
+		}
+	})
+	step(t, "explicit proxy", func() {
+		proxy := fmt.Sprintf("http://198.18.1.2:%d", gwExplicitPort)
+		if out, err := w.curl("-x", proxy, "https://api.test/"); err != nil || !strings.Contains(out, "api.test") {
+			t.Fatalf("CONNECT to an allowed name: %q %v", out, err)
+		}
+		if out, err := w.curl("-x", proxy, "http://www.test/"); err != nil || !strings.Contains(out, "www.test") {
+			t.Fatalf("absolute-form to an allowed name: %q %v", out, err)
+		}
+		if _, err := w.curl("-x", proxy, "https://other.test/"); err == nil {
+			t.Fatal("CONNECT to a denied name succeeded")
+		}
+		w.waitRecord(func(r egresslog.Record) bool {
+			return r.Kind == egresslog.KindConnect && r.Host == "other.test" && !r.Allowed
+		})
+	})
+	step(t, "killed gateway leaves no network", func() {
+		w.gateway.Process.Kill()
+		w.gateway.Wait()
+		if _, err := w.curl("--resolve", "api.test:443:198.18.100.1", "https://api.test/"); err == nil {
+			t.Fatal("the sandbox reached the internet after the gateway died")
+		}
+		if w.udpGetsThrough() {
+			t.Fatal("UDP got through after the gateway died")
+		}
+		if w.ping("198.18.100.1") {
+			t.Fatal("ICMP got through after the gateway died")
+		}
+	})
+}
+
+// step runs one part of a long test; the helpers of nsWorld fail the
+// whole test, so the parts are not subtests.
+func step(t *testing.T, name string, f func()) {
+	t.Helper()
+	t.Logf("step: %s", name)
+	f()
+}
+
+func newNSWorld(t *testing.T) *nsWorld {
+	w := &nsWorld{t: t, sb: newNS(t, "sb"), gw: newNS(t, "gw"), in: newNS(t, "in")}
+	sbIf := netns.Unique("vs")
+	w.gwIface = netns.Unique("vg")
+	gwUp, inIf := netns.Unique("vu"), netns.Unique("vi")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(netns.Veth(w.sb, sbIf, w.gw, w.gwIface))
+	must(netns.Veth(w.gw, gwUp, w.in, inIf))
+	for _, c := range [][]string{
+		{"sb", "addr", "add", "198.18.1.10/24", "dev", sbIf},
+		{"sb", "addr", "add", "fd00:1::10/64", "dev", sbIf, "nodad"},
+		{"sb", "route", "add", "default", "via", "198.18.1.2"},
+		{"sb", "-6", "route", "add", "default", "via", "fd00:1::2"},
+		{"gw", "addr", "add", "198.18.1.2/24", "dev", w.gwIface},
+		{"gw", "addr", "add", "fd00:1::2/64", "dev", w.gwIface, "nodad"},
+		{"gw", "addr", "add", "198.18.2.2/24", "dev", gwUp},
+		{"gw", "addr", "add", "fd00:2::2/64", "dev", gwUp, "nodad"},
+		{"gw", "route", "add", "198.18.100.0/24", "via", "198.18.2.1"},
+		{"gw", "-6", "route", "add", "fd00:100::/64", "via", "fd00:2::1"},
+		{"in", "addr", "add", "198.18.2.1/24", "dev", inIf},
+		{"in", "addr", "add", "fd00:2::1/64", "dev", inIf, "nodad"},
+		{"in", "route", "add", "198.18.1.0/24", "via", "198.18.2.2"},
+		{"in", "-6", "route", "add", "fd00:1::/64", "via", "fd00:2::2"},
+	} {
+		ns := map[string]*netns.NS{"sb": w.sb, "gw": w.gw, "in": w.in}[c[0]]
+		must(ns.IP(c[1:]...))
+	}
+	for i := 1; i <= 6; i++ {
+		must(w.in.IP("addr", "add", fmt.Sprintf("198.18.100.%d/32", i), "dev", "lo"))
+		must(w.in.IP("addr", "add", fmt.Sprintf("fd00:100::%d/128", i), "dev", "lo"))
+	}
+	// Forwarding on: the rules, not a sysctl, must stop the sandbox.
+	must(w.gw.Sysctl("net.ipv4.ip_forward=1"))
+	must(w.gw.Sysctl("net.ipv6.conf.all.forwarding=1"))
+	must(w.sb.SetResolvConf("nameserver 198.18.1.2\n"))
+	w.startInternet()
+	return w
+}
+
+// startInternet runs, inside the internet namespace, an authoritative DNS
+// server for "test." and the services the sandbox tries to reach.
+func (w *nsWorld) startInternet() {
+	t := w.t
+	ca := newTestCA(t)
+	w.ca = ca
+	w.caFile = filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(w.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	zone := map[string][2]string{ // name -> A, AAAA
+		"api.test.": {"198.18.100.1", "fd00:100::1"}, "www.test.": {"198.18.100.2", ""}, "ssh.test.": {"198.18.100.3", ""},
+		"sub.wild.test.": {"198.18.100.4", ""}, "wild.test.": {"198.18.100.4", ""}, "other.test.": {"198.18.100.5", ""},
+		"meta.test.": {"169.254.169.254", ""},
+	}
+	err := w.in.Do(func() error {
+		handler := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetReply(r)
+			q := r.Question[0]
+			addrs, ok := zone[strings.ToLower(q.Name)]
+			if !ok {
+				m.Rcode = dns.RcodeNameError
+			}
+			if q.Qtype == dns.TypeA && addrs[0] != "" {
+				m.Answer = append(m.Answer, mustRR(fmt.Sprintf("%s 60 IN A %s", q.Name, addrs[0])))
+			}
+			if q.Qtype == dns.TypeAAAA && addrs[1] != "" {
+				m.Answer = append(m.Answer, mustRR(fmt.Sprintf("%s 60 IN AAAA %s", q.Name, addrs[1])))
+			}
+			rw.WriteMsg(m)
+		})
+		// Sockets are made here, on the namespace's thread; the servers
+		// run on any.
+		pc, err := net.ListenPacket("udp", "198.18.2.1:53")
+		if err != nil {
+			return err
+		}
+		tcpLn, err := net.Listen("tcp", "198.18.2.1:53")
+		if err != nil {
+			return err
+		}
+		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: tcpLn, Handler: handler}} {
+			started := make(chan struct{})
+			srv.NotifyStartedFunc = func() { close(started) }
+			go srv.ActivateAndServe()
+			<-started
+			t.Cleanup(func() { srv.Shutdown() })
+		}
+		https := func(addr string, names ...string) error {
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			srv := &http.Server{
+				Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+					fmt.Fprintf(rw, "%s %s\n", r.Context().Value(http.LocalAddrContextKey), r.Host)
+				}),
+				TLSConfig: &tls.Config{Certificates: []tls.Certificate{ca.issue(t, names...)}},
+				ErrorLog:  log.New(io.Discard, "", 0),
+			}
+			go srv.ServeTLS(ln, "", "")
+			t.Cleanup(func() { srv.Close() })
+			return nil
+		}
+		for _, s := range []struct {
+			addr  string
+			names []string
+		}{
+			{"198.18.100.1:443", []string{"api.test", "meta.test"}},
+			{"[fd00:100::1]:443", []string{"api.test"}},
+			{"198.18.100.4:443", []string{"sub.wild.test", "wild.test"}},
+			{"198.18.100.5:443", []string{"api.test", "other.test"}}, // the impostor
+		} {
+			if err := https(s.addr, s.names...); err != nil {
+				return err
+			}
+		}
+		plain, err := net.Listen("tcp", "198.18.100.2:80")
+		if err != nil {
+			return err
+		}
+		plainSrv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(rw, "%s %s\n", r.Context().Value(http.LocalAddrContextKey), r.Host)
+		})}
+		go plainSrv.Serve(plain)
+		t.Cleanup(func() { plainSrv.Close() })
+		for _, addr := range []string{"198.18.100.3:22", "198.18.100.6:22"} {
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { ln.Close() })
+			go acceptLoop(ln, func(c net.Conn) { c.Write([]byte("SSH-2.0-internet\r\n")); time.Sleep(time.Second); c.Close() })
+		}
+		udp, err := net.ListenPacket("udp", "198.18.100.1:9999")
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { udp.Close() })
+		go func() {
+			buf := make([]byte, 1500)
+			for {
+				if _, _, err := udp.ReadFrom(buf); err != nil {
+					return
+				}
+				w.udpReceived.Add(1)
+			}
+		}()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startGateway starts the gateway process in the gateway namespace.
+func (w *nsWorld) startGateway(allow []string) {
+	t := w.t
+	w.records = filepath.Join(t.TempDir(), "records.jsonl")
+	cfg, _ := json.Marshal(gatewayConfig{
+		Allow: allow, Iface: w.gwIface, Upstream: "198.18.2.1:53", Records: w.records,
+		AgentAddrs: []string{"198.18.1.10", "fd00:1::10"},
+	})
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := w.gw.Command(context.Background(), exe, "-test.run=^TestGatewayHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TPROXY_TEST_GATEWAY="+string(cfg))
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.gatewayIn, err = cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.gateway = cmd
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if sc.Text() == "READY" {
+				ready <- true
+				io.Copy(io.Discard, stdout)
+				return
+			}
+		}
+		ready <- false
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			t.Fatal("the gateway process exited before it was ready")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gateway process did not get ready")
+	}
+}
+
+func (w *nsWorld) curl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	base := []string{"-sS", "--max-time", "8", "--cacert", w.caFile}
+	return w.sb.Run(ctx, "curl", append(base, args...)...)
+}
+
+// goHTTPS fetches https://host/ with the Go client from the sandbox.
+func (w *nsWorld) goHTTPS(host string) (string, error) {
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: w.ca.pool},
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, port, _ := net.SplitHostPort(addr)
+			ip := w.lookupInSandbox(host)
+			return w.tryDialFromSandbox(net.JoinHostPort(ip.String(), port), 5*time.Second)
+		},
+	}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("https://" + host + "/")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func (w *nsWorld) tryDialFromSandbox(addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := w.sb.Do(func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr, timeout)
+		return err
+	})
+	return c, err
+}
+
+func (w *nsWorld) dialFromSandbox(addr string) net.Conn {
+	w.t.Helper()
+	c, err := w.tryDialFromSandbox(addr, 5*time.Second)
+	if err != nil {
+		w.t.Fatalf("dial %s from the sandbox: %v", addr, err)
+	}
+	return c
+}
+
+// lookupInSandbox asks the sandbox's DNS server (the gateway's address,
+// redirected to dnsfilter) for name's A record, from a socket inside the
+// sandbox. (Go's resolver would query from other threads, outside it.)
+func (w *nsWorld) lookupInSandbox(name string) netip.Addr {
+	w.t.Helper()
+	var conn net.Conn
+	if err := w.sb.Do(func() error {
+		var err error
+		conn, err = net.Dial("udp", "198.18.1.2:53")
+		return err
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close()
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	c := &dns.Client{Timeout: 5 * time.Second}
+	resp, _, err := c.ExchangeWithConn(m, &dns.Conn{Conn: conn})
+	if err != nil {
+		w.t.Fatalf("resolve %s in the sandbox: %v", name, err)
+	}
+	for _, rr := range resp.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			ip, _ := netip.AddrFromSlice(a.A)
+			return ip.Unmap()
+		}
+	}
+	w.t.Fatalf("resolve %s in the sandbox: no address (rcode %d)", name, resp.Rcode)
+	return netip.Addr{}
+}
+
+// udpGetsThrough sends UDP from the sandbox to the internet namespace and
+// reports whether any arrived within a second.
+func (w *nsWorld) udpGetsThrough() bool {
+	before := w.udpReceived.Load()
+	c, err := w.tryDialUDP("198.18.100.1:9999")
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	for i := 0; i < 10; i++ {
+		c.Write([]byte("hello"))
+		time.Sleep(100 * time.Millisecond) // spread the packets over a second
+		if w.udpReceived.Load() > before {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *nsWorld) tryDialUDP(addr string) (net.Conn, error) {
+	var c net.Conn
+	err := w.sb.Do(func() error {
+		var err error
+		c, err = net.Dial("udp", addr)
+		return err
+	})
+	return c, err
+}
+
+// ping sends ICMP echo requests from the sandbox and reports whether one
+// was answered within a second.
+func (w *nsWorld) ping(addr string) bool {
+	var conn *icmp.PacketConn
+	if err := w.sb.Do(func() error {
+		var err error
+		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		return err
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+	defer conn.Close()
+	msg, _ := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("ping")}}).Marshal(nil)
+	dst := &net.IPAddr{IP: net.ParseIP(addr)}
+	conn.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := conn.WriteTo(msg, dst); err != nil {
+		return false
+	}
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := conn.ReadFrom(buf)
+		if err != nil {
+			return false
+		}
+		m, err := icmp.ParseMessage(1, buf[:n])
+		if err == nil && m.Type == ipv4.ICMPTypeEchoReply && from.String() == addr {
+			return true
+		}
+	}
+}
+
+// waitRecord waits for the gateway process to write a matching record.
+func (w *nsWorld) waitRecord(f func(egresslog.Record) bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		data, _ := os.ReadFile(w.records)
+		var have []string
+		for _, line := range strings.Split(string(data), "\n") {
+			if r, err := egresslog.ParseJSON([]byte(line)); err == nil {
+				if f(r) {
+					return
+				}
+				have = append(have, line)
+			}
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("no matching record among:\n%s", strings.Join(have, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond) // the records file is written by another process
+	}
+}
+
+func mustRR(s string) dns.RR {
+	rr, err := dns.NewRR(s)
+	if err != nil {
+		panic(err)
+	}
+	return rr
+}

@@ -1,0 +1,175 @@
+package tproxy
+
+import (
+	"context"
+	"encoding/hex"
+	"flag"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/mdlayher/netlink"
+
+	"github.com/agenthold/egress/internal/netns"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+var testGateway = GatewayRules{
+	Table:      "egress_test",
+	Interfaces: []string{"veth-agent1", "veth-agent2"},
+	Sources:    []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
+	DNSPort:    15053,
+	ProxyPort:  15001,
+	OpenPorts:  []uint16{15002, 2222},
+}
+
+var testSidecar = SidecarRules{Table: "egress_test"}
+
+// recordBatch builds rules on a connection that records the netlink
+// messages instead of sending them, and returns them as hex lines without
+// their headers (whose sequence numbers vary).
+func recordBatch(t *testing.T, build func(*Rules) error) string {
+	t.Helper()
+	var msgs []netlink.Message
+	r, err := openRules("", "egress_test", nftables.WithTestDial(func(req []netlink.Message) ([]netlink.Message, error) {
+		msgs = append(msgs, req...)
+		var acks []netlink.Message
+		for _, m := range req {
+			if m.Header.Flags&netlink.Acknowledge != 0 {
+				acks = append(acks, netlink.Message{Header: netlink.Header{Length: 4, Type: netlink.Error, Sequence: m.Header.Sequence, PID: m.Header.PID}, Data: []byte{0, 0, 0, 0}})
+			}
+		}
+		return acks, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := build(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString(hex.EncodeToString(m.Data))
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the golden file:\n got:\n%s\nwant:\n%s", name, got, want)
+	}
+}
+
+// TestRulesetBytes checks, without root, the exact netlink batch each mode
+// sends: one batch, beginning by replacing the table.
+func TestRulesetBytes(t *testing.T) {
+	checkGolden(t, "gateway.nlmsg.golden", recordBatch(t, testGateway.build))
+	checkGolden(t, "sidecar.nlmsg.golden", recordBatch(t, func(r *Rules) error { testSidecar.build(r); return nil }))
+}
+
+func requireNamespaces(t *testing.T) {
+	t.Helper()
+	if err := netns.Available(); err != nil {
+		t.Skipf("requires root and iproute2 to create network namespaces: %v", err)
+	}
+}
+
+func newNS(t *testing.T, prefix string) *netns.NS {
+	t.Helper()
+	n, err := netns.Add(netns.Unique(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.Delete(); err != nil {
+			t.Errorf("delete namespace: %v", err)
+		}
+	})
+	return n
+}
+
+var handles = regexp.MustCompile(` # handle \d+`)
+
+// nftList returns `nft list ruleset` inside a namespace.
+func nftList(t *testing.T, n *netns.NS) string {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("requires the nft command (apt-get install nftables)")
+	}
+	out, err := n.Run(context.Background(), "nft", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return handles.ReplaceAllString(out, "")
+}
+
+// TestRulesetInKernel installs both modes in a fresh namespace, compares
+// what the kernel holds with golden `nft list ruleset` text, and checks
+// that Close removes everything and that a second Apply replaces, rather
+// than adds to, a table left by a crashed run.
+func TestRulesetInKernel(t *testing.T) {
+	requireNamespaces(t)
+	for _, tc := range []struct {
+		name  string
+		apply func(netnsPath string) (*Rules, error)
+	}{
+		{"gateway", func(p string) (*Rules, error) { g := testGateway; g.NetNS = p; return g.Apply() }},
+		{"sidecar", func(p string) (*Rules, error) { s := testSidecar; s.NetNS = p; return s.Apply() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNS(t, "nft")
+			crashed, err := tc.apply(n.Path()) // left behind, as by a crash
+			if err != nil {
+				t.Fatal(err)
+			}
+			crashed.release()
+			r, err := tc.apply(n.Path())
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, tc.name+".nft.golden", nftList(t, n))
+			if tc.name == "gateway" {
+				if err := r.AddInterface("veth-agent3"); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.RemoveInterface("veth-agent1"); err != nil {
+					t.Fatal(err)
+				}
+				out := nftList(t, n)
+				if !strings.Contains(out, `"veth-agent3"`) || strings.Contains(out, `"veth-agent1"`) {
+					t.Errorf("interface set not updated:\n%s", out)
+				}
+			}
+			if err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if out := strings.TrimSpace(nftList(t, n)); out != "" {
+				t.Errorf("after Close the namespace still has:\n%s", out)
+			}
+			if err := r.Close(); err != nil {
+				t.Errorf("second Close: %v", err)
+			}
+		})
+	}
+}
