@@ -69,6 +69,9 @@ type Dialer struct {
 	AllowPrivate bool          // whether private-tier addresses may be dialled
 	Resolver     Resolver      // nil means net.DefaultResolver
 	Timeout      time.Duration // per connection attempt; zero means 10s
+	// KeepAlive is passed to net.Dialer: zero means Go's default (15s),
+	// negative disables TCP keep-alives.
+	KeepAlive time.Duration
 }
 
 // DialContext connects to address ("host:port"; the port must be numeric)
@@ -103,7 +106,7 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 		return nil, fmt.Errorf("netguard: dial %s: %w", host, firstDenial)
 	}
-	nd := net.Dialer{Timeout: d.timeout(), ControlContext: d.Guard.Control(d.AllowPrivate)}
+	nd := net.Dialer{Timeout: d.timeout(), KeepAlive: d.KeepAlive, ControlContext: d.Guard.Control(d.AllowPrivate)}
 	var errs []error
 	for _, a := range permitted {
 		c, err := nd.DialContext(ctx, network, netip.AddrPortFrom(a, uint16(port)).String())

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -16,7 +15,7 @@ import (
 )
 
 // relay is one spliced connection: the client and the upstream, both
-// *net.TCPConn so that io.Copy moves bytes with splice(2) in the kernel.
+// *net.TCPConn, between which spliceCopy moves bytes in the kernel.
 type relay struct {
 	client, up *net.TCPConn
 	why        atomic.Pointer[string] // why it was cut short, if it was
@@ -99,7 +98,7 @@ func (r *relay) run() (up, down int64, err error) {
 }
 
 func copyClientToUpstream(r *relay) (int64, error) {
-	n, err := io.Copy(r.up, r.client)
+	n, err := spliceCopy(r.up, r.client)
 	if err != nil {
 		r.abort("client->upstream: " + err.Error())
 		return n, fmt.Errorf("client->upstream: %w", err)
@@ -109,7 +108,7 @@ func copyClientToUpstream(r *relay) (int64, error) {
 }
 
 func copyUpstreamToClient(r *relay) (int64, error) {
-	n, err := io.Copy(r.client, r.up)
+	n, err := spliceCopy(r.client, r.up)
 	if err != nil {
 		r.abort("upstream->client: " + err.Error())
 		return n, fmt.Errorf("upstream->client: %w", err)

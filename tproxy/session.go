@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/netguard"
@@ -205,6 +208,32 @@ func readInto(c net.Conn, buf []byte) <-chan readResult {
 	return ch
 }
 
+// readNow reads what c already has into the free capacity of buf, without
+// waiting; no bytes and no error means the client has not spoken yet.
+func readNow(c *net.TCPConn, buf []byte) ([]byte, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return buf, err
+	}
+	var n int
+	var readErr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, readErr = unix.Read(int(fd), buf[len(buf):cap(buf)])
+		return true // one attempt: the socket is non-blocking
+	}); err != nil {
+		return buf, err
+	}
+	switch {
+	case readErr == unix.EAGAIN || readErr == unix.EINTR:
+		return buf, nil
+	case readErr != nil:
+		return buf, readErr
+	case n == 0:
+		return buf, io.EOF
+	}
+	return buf[:len(buf)+n], nil
+}
+
 // stopRead ends a pending readInto on c and returns what it read.
 func stopRead(c net.Conn, ch <-chan readResult) readResult {
 	c.SetReadDeadline(time.Unix(1, 0))
@@ -302,6 +331,11 @@ func (s *session) run(buffered []byte) {
 	}
 	var clientErr error
 	if sniff(buf) == protoUnknown {
+		// Most clients have spoken by the time they are accepted: read
+		// without waiting first, and wait in a goroutine only if not.
+		buf, clientErr = readNow(s.client, buf)
+	}
+	if sniff(buf) == protoUnknown && clientErr == nil {
 		clientc := readInto(s.client, buf)
 	wait:
 		for {
@@ -521,6 +555,7 @@ func (p *Proxy) dial(ctx context.Context, pol *policy.Policy, t target) (*net.TC
 		AllowPrivate: pol.AllowPrivateNetworks(),
 		Resolver:     p.Resolver,
 		Timeout:      orDefault(p.DialTimeout, DefaultDialTimeout),
+		KeepAlive:    -1,
 	}
 	c, err := d.DialContext(ctx, "tcp", t.dialAddress())
 	if err != nil {

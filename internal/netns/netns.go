@@ -90,10 +90,15 @@ func (n *NS) SetResolvConf(content string) error {
 	return os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(content), 0o644)
 }
 
-// Sysctl sets a sysctl inside the namespace, such as
-// net.ipv4.ip_forward=0.
+// Sysctl sets a per-namespace sysctl inside the namespace, such as
+// net.ipv4.ip_forward=0, by writing /proc/sys from a process inside it.
 func (n *NS) Sysctl(setting string) error {
-	_, err := n.Run(context.Background(), "sysctl", "-q", "-w", setting)
+	key, value, ok := strings.Cut(setting, "=")
+	if !ok || strings.ContainsAny(key, "/ ") || strings.Contains(key, "..") {
+		return fmt.Errorf("netns: bad sysctl %q", setting)
+	}
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	_, err := n.Run(context.Background(), "sh", "-c", `printf '%s\n' "$1" > "$2"`, "sh", value, path)
 	return err
 }
 

@@ -1,0 +1,316 @@
+package tproxy
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// benchProxy runs a transparent proxy on loopback whose every connection
+// is "redirected" to dst, the upstream, judged by the remembered name
+// bench.test (resolved by a map, as dnsfilter's cache would).
+func benchProxy(b *testing.B, dst netip.AddrPort) string {
+	b.Helper()
+	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"bench.test:*"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := &Proxy{
+		Agents:           func(netip.Addr) (string, *policy.Policy, bool) { return "bench", pol, true },
+		Names:            func(string, netip.Addr) []string { return []string{"bench.test"} },
+		Guard:            guard,
+		Resolver:         fixedResolver{"bench.test": {dst.Addr()}},
+		OriginalDst:      func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil },
+		MaxConns:         1 << 20,
+		MaxConnsPerAgent: 1 << 20,
+	}
+	ln, err := Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go p.Serve(ln)
+	b.Cleanup(func() { p.Close() })
+	return ln.Addr().String()
+}
+
+// serveBench runs an upstream on 127.0.0.2 with a handler per connection.
+func serveBench(b *testing.B, handle func(net.Conn)) netip.AddrPort {
+	ln := listenLoop(b, "127.0.0.2:0")
+	go acceptLoop(ln, handle)
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// BenchmarkBulkThroughput downloads b.N MiB on each of 1 and 4 streams,
+// directly and through the proxy, interleaved in the same run, and
+// reports both rates and their ratio.
+func BenchmarkBulkThroughput(b *testing.B) {
+	chunk := make([]byte, 1<<20)
+	// The upstream sends the number of MiB the client asks for.
+	up := serveBench(b, func(c net.Conn) {
+		defer c.Close()
+		req := make([]byte, 8)
+		if _, err := io.ReadFull(c, req); err != nil {
+			return
+		}
+		n := int(binary.BigEndian.Uint64(req))
+		for i := 0; i < n; i++ {
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	proxy := benchProxy(b, up)
+	for _, streams := range []int{1, 4} {
+		run := func(addr string, mib int) float64 {
+			var wg sync.WaitGroup
+			start := time.Now()
+			for range streams {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					defer c.Close()
+					req := make([]byte, 8)
+					binary.BigEndian.PutUint64(req, uint64(mib))
+					c.Write(req)
+					// Read as a downloader does, in large buffers, so the
+					// client's own system calls do not swamp the figure.
+					n, err := io.CopyBuffer(struct{ io.Writer }{io.Discard}, c, make([]byte, 256<<10))
+					if err != nil || n != int64(mib)<<20 {
+						b.Errorf("received %d bytes: %v", n, err)
+					}
+				}()
+			}
+			wg.Wait()
+			return float64(streams*mib) / time.Since(start).Seconds() // MiB/s
+		}
+		direct, proxied, ratio := interleave(b.N, func(n int, viaProxy bool) float64 {
+			if viaProxy {
+				return run(proxy, n)
+			}
+			return run(up.String(), n)
+		})
+		b.ReportMetric(direct, "direct-MiB/s-"+strconv.Itoa(streams))
+		b.ReportMetric(proxied, "proxy-MiB/s-"+strconv.Itoa(streams))
+		b.ReportMetric(ratio, "ratio-"+strconv.Itoa(streams))
+	}
+}
+
+// interleave splits n units of work into rounds that alternate direct
+// and proxied runs, so that both see the same machine, and returns the
+// median rate of each and the median of the rounds' ratios.
+func interleave(n int, run func(n int, viaProxy bool) float64) (direct, proxied, ratio float64) {
+	const rounds = 5
+	per := max(n/rounds, 1)
+	var ds, ps, rs []float64
+	for range rounds {
+		d := run(per, false)
+		p := run(per, true)
+		ds, ps, rs = append(ds, d), append(ps, p), append(rs, p/d)
+	}
+	return median(ds), median(ps), median(rs)
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// BenchmarkNewConnections opens b.N short connections (one byte each way)
+// from 8 clients, directly and through the proxy, interleaved, and reports
+// connections per second and their ratio.
+func BenchmarkNewConnections(b *testing.B) {
+	up := serveBench(b, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 1)
+		if _, err := c.Read(buf); err == nil {
+			c.Write(buf)
+		}
+	})
+	proxy := benchProxy(b, up)
+	run := func(addr string, n int) float64 {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 1)
+				for next.Add(1) <= int64(n) {
+					c, err := net.Dial("tcp", addr)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					c.Write([]byte("x"))
+					if _, err := io.ReadFull(c, buf); err != nil {
+						b.Error(err)
+					}
+					c.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(n) / time.Since(start).Seconds()
+	}
+	direct, proxied, ratio := interleave(b.N, func(n int, viaProxy bool) float64 {
+		if viaProxy {
+			return run(proxy, n)
+		}
+		return run(up.String(), n)
+	})
+	b.ReportMetric(direct, "direct-conn/s")
+	b.ReportMetric(proxied, "proxy-conn/s")
+	b.ReportMetric(ratio, "ratio")
+}
+
+// BenchmarkLatency measures round trips of one byte on an open
+// connection, directly and through the proxy, and reports the medians and
+// what the proxy adds.
+func BenchmarkLatency(b *testing.B) {
+	up := serveBench(b, func(c net.Conn) {
+		defer c.Close()
+		io.Copy(c, c)
+	})
+	proxy := benchProxy(b, up)
+	run := func(addr string) time.Duration {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		buf := []byte{'x'}
+		rtts := make([]time.Duration, 0, b.N)
+		for i := 0; i < b.N+100; i++ {
+			start := time.Now()
+			c.Write(buf)
+			if _, err := io.ReadFull(c, buf); err != nil {
+				b.Fatal(err)
+			}
+			if i >= 100 { // after warm-up
+				rtts = append(rtts, time.Since(start))
+			}
+		}
+		slices.Sort(rtts)
+		return rtts[len(rtts)/2]
+	}
+	direct := run(up.String())
+	proxied := run(proxy)
+	b.ReportMetric(float64(direct.Microseconds()), "direct-p50-µs")
+	b.ReportMetric(float64(proxied.Microseconds()), "proxy-p50-µs")
+	b.ReportMetric(float64((proxied - direct).Nanoseconds())/1e3, "added-p50-µs")
+}
+
+// BenchmarkIdleConnectionMemory holds b.N idle connections directly, then
+// b.N through the proxy, in the same process, and reports the memory per
+// connection that the proxy adds (Go heap and stacks, and resident set
+// size): the difference between the two. A proxied connection costs four
+// descriptors here (two in the proxy), so b.N is bounded by a quarter of
+// the open file limit.
+func BenchmarkIdleConnectionMemory(b *testing.B) {
+	if err := raiseFileLimit(uint64(b.N)*4 + 256); err != nil {
+		b.Skipf("the open file limit does not allow %d connections (four descriptors each): %v", b.N, err)
+	}
+	var held sync.WaitGroup
+	up := serveBench(b, func(c net.Conn) {
+		held.Done()
+		io.Copy(io.Discard, c) // until the client goes
+		c.Close()
+	})
+	proxy := benchProxy(b, up)
+	// hold opens n idle connections to addr, waits until the upstream has
+	// them all, and returns the memory they added and a way to close them.
+	hold := func(addr string) (goBytes, rssBytes float64, closeAll func()) {
+		runtime.GC()
+		goBefore, rssBefore := goMemory(), rss()
+		conns := make([]net.Conn, 0, b.N)
+		held.Add(b.N)
+		for i := 0; i < b.N; i++ {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				b.Fatalf("connection %d: %v", i, err)
+			}
+			c.Write([]byte("x")) // commit to other TCP, then idle
+			conns = append(conns, c)
+		}
+		held.Wait()
+		runtime.GC()
+		goAfter, rssAfter := goMemory(), rss()
+		return float64(goAfter) - float64(goBefore), float64(rssAfter) - float64(rssBefore), func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}
+	}
+	directGo, directRSS, closeDirect := hold(up.String())
+	closeDirect()
+	proxyGo, proxyRSS, closeProxied := hold(proxy)
+	defer closeProxied()
+	n := float64(b.N) * 1024
+	b.ReportMetric((proxyGo-directGo)/n, "proxy-go-KiB/conn")
+	b.ReportMetric((proxyRSS-directRSS)/n, "proxy-rss-KiB/conn")
+	b.ReportMetric(proxyGo/n, "total-go-KiB/conn")
+}
+
+func goMemory() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
+}
+
+// rss returns the process's resident set size in bytes.
+func rss() uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.Fields(v)[0], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// raiseFileLimit raises the soft open file limit to n, and the hard one
+// when the process may.
+func raiseFileLimit(n uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	if lim.Cur >= n {
+		return nil
+	}
+	if lim.Max < n {
+		lim.Cur, lim.Max = n, n
+		return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	lim.Cur = n
+	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+}
+
