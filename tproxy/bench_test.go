@@ -221,7 +221,7 @@ func BenchmarkLatency(b *testing.B) {
 	proxied := run(proxy)
 	b.ReportMetric(float64(direct.Microseconds()), "direct-p50-µs")
 	b.ReportMetric(float64(proxied.Microseconds()), "proxy-p50-µs")
-	b.ReportMetric(float64((proxied - direct).Nanoseconds())/1e3, "added-p50-µs")
+	b.ReportMetric(float64((proxied-direct).Nanoseconds())/1e3, "added-p50-µs")
 }
 
 // BenchmarkIdleConnectionMemory holds b.N idle connections directly, then
@@ -313,4 +313,3 @@ func raiseFileLimit(n uint64) error {
 	lim.Cur = n
 	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 }
-
