@@ -1,0 +1,197 @@
+package vault
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"text/template"
+
+	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/idna"
+)
+
+// Mode is how a rule puts a secret into requests.
+type Mode string
+
+const (
+	// Inject sets the rule's header on every matching request, and
+	// replaces the placeholder wherever it appears in request headers and
+	// the query string.
+	Inject Mode = "inject"
+	// Login replaces the placeholder only inside the rule's header, and
+	// only when the client sent that header; it never adds the header. For
+	// account logins, where the harness already sends a credential.
+	Login Mode = "login"
+)
+
+// Rule says where a secret may be sent and how.
+type Rule struct {
+	// Hosts the secret may be sent to: exact names, and "*.example.com"
+	// for every subdomain (never the apex), as in policy entries.
+	Hosts []string `json:"hosts"`
+	// Header is the request header the secret goes in, such as
+	// "Authorization".
+	Header string `json:"header"`
+	// Template renders the header value from the secret: {{.Value}} is the
+	// secret, and base64 encodes a string, as in
+	// Basic {{base64 (print "x-access-token:" .Value)}}. Empty means
+	// {{.Value}}.
+	Template string `json:"template,omitempty"`
+	// Paths, if any, limit the rule to URL paths with one of these
+	// prefixes.
+	Paths []string `json:"paths,omitempty"`
+	// Mode is Inject (the default when empty) or Login.
+	Mode Mode `json:"mode,omitempty"`
+}
+
+// compiledRule is a checked rule, ready to match and render.
+type compiledRule struct {
+	Rule
+	exact    map[string]bool
+	suffixes []string // ".example.com" for "*.example.com"
+	tmpl     *template.Template
+	// simple is set for templates of the form "prefix{{.Value}}suffix",
+	// which render without text/template.
+	simple         bool
+	prefix, suffix string
+}
+
+var templateFuncs = template.FuncMap{
+	"base64": func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) },
+}
+
+// templateData is all a template can see: the value it is given.
+type templateData struct{ Value string }
+
+// compile checks a rule: hosts must be valid names or wildcards, the
+// header a valid field name, the template must parse, use .Value, and
+// render a valid header value.
+func (r Rule) compile() (*compiledRule, error) {
+	if len(r.Hosts) == 0 {
+		return nil, errors.New("vault: rule names no host")
+	}
+	switch r.Mode {
+	case "":
+		r.Mode = Inject
+	case Inject, Login:
+	default:
+		return nil, fmt.Errorf("vault: unknown mode %q (want inject or login)", r.Mode)
+	}
+	if !httpguts.ValidHeaderFieldName(r.Header) {
+		return nil, fmt.Errorf("vault: invalid header name %q", r.Header)
+	}
+	c := &compiledRule{Rule: r, exact: map[string]bool{}}
+	for _, h := range r.Hosts {
+		wild := strings.HasPrefix(h, "*.")
+		name, err := normalizeHost(strings.TrimPrefix(h, "*."))
+		if err != nil || strings.Contains(name, "*") || !strings.Contains(name, ".") && wild {
+			return nil, fmt.Errorf("vault: invalid host %q", h)
+		}
+		if wild {
+			c.suffixes = append(c.suffixes, "."+name)
+		} else {
+			c.exact[name] = true
+		}
+	}
+	for _, p := range r.Paths {
+		if !strings.HasPrefix(p, "/") {
+			return nil, fmt.Errorf("vault: path %q does not start with /", p)
+		}
+	}
+	text := r.Template
+	if text == "" {
+		text = "{{.Value}}"
+	}
+	if !strings.Contains(text, ".Value") {
+		return nil, fmt.Errorf("vault: template %q does not use .Value", text)
+	}
+	t, err := template.New("header").Funcs(templateFuncs).Option("missingkey=error").Parse(text)
+	if err != nil {
+		return nil, fmt.Errorf("vault: template: %w", err)
+	}
+	c.tmpl = t
+	if pre, post, ok := strings.Cut(text, "{{.Value}}"); ok && !strings.Contains(pre+post, "{{") {
+		c.simple, c.prefix, c.suffix = true, pre, post
+	}
+	if _, err := c.render("example-secret-value"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// render executes the template with value.
+func (c *compiledRule) render(value string) (string, error) {
+	var out string
+	if c.simple {
+		out = c.prefix + value + c.suffix
+	} else {
+		var b strings.Builder
+		if err := c.tmpl.Execute(&b, templateData{Value: value}); err != nil {
+			return "", errors.New("vault: template failed") // never the value
+		}
+		out = b.String()
+	}
+	if !httpguts.ValidHeaderFieldValue(out) {
+		return "", errors.New("vault: rendered header value is not a valid header value")
+	}
+	return out, nil
+}
+
+// matches reports whether the rule covers a request to host (normalised)
+// and path.
+func (c *compiledRule) matches(h, path string) bool {
+	ok := c.exact[h]
+	for _, s := range c.suffixes {
+		ok = ok || strings.HasSuffix(h, s)
+	}
+	if !ok {
+		return false
+	}
+	if len(c.Paths) == 0 {
+		return true
+	}
+	for _, p := range c.Paths {
+		if pathHasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// pathHasPrefix matches whole segments: "/v1" covers "/v1" and "/v1/x",
+// not "/v10".
+func pathHasPrefix(path, prefix string) bool {
+	if !strings.HasPrefix(path, prefix) {
+		return false
+	}
+	return len(path) == len(prefix) || strings.HasSuffix(prefix, "/") || path[len(prefix)] == '/'
+}
+
+// hostProfile maps names as policy does (UTS #46 lookup mapping, bidi
+// rule, underscores kept), so that rules and policies agree on hosts.
+var hostProfile = idna.New(idna.MapForLookup(), idna.BidiRule(), idna.Transitional(false), idna.StrictDomainName(false))
+
+// normalizeHost puts a host name in the form policy compares: lower case,
+// no port, no trailing dot, A-labels.
+func normalizeHost(h string) (string, error) {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	h = strings.TrimSuffix(h, ".")
+	a, err := hostProfile.ToASCII(h)
+	if err != nil || a == "" || strings.ContainsAny(a, " /:@[]") {
+		return "", fmt.Errorf("vault: invalid host %q", h)
+	}
+	return strings.ToLower(a), nil
+}
+
+// hostOf returns a request's host (Host header, else URL).
+func hostOf(r *http.Request) string {
+	if r.Host != "" {
+		return r.Host
+	}
+	return r.URL.Host
+}

@@ -1,0 +1,192 @@
+package vault
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Storage keeps the vault's file: its bytes are sealed and authenticated,
+// so a Storage needs no secrecy of its own. Load returns fs.ErrNotExist
+// when nothing was stored yet; Save replaces the content atomically.
+type Storage interface {
+	Load() ([]byte, error)
+	Save(data []byte) error
+}
+
+// FileStorage keeps the vault in one file, replaced atomically: written
+// to a temporary file beside it, synced, renamed over it, and the
+// directory synced. A temporary file left by a crash is ignored and
+// removed on the next Load.
+type FileStorage struct {
+	Path string
+}
+
+var _ Storage = FileStorage{}
+
+// Load implements Storage.
+func (s FileStorage) Load() ([]byte, error) {
+	if stale, _ := filepath.Glob(s.Path + ".tmp-*"); len(stale) > 0 {
+		for _, f := range stale {
+			os.Remove(f)
+		}
+	}
+	data, err := os.ReadFile(s.Path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("vault: read %s: %w", s.Path, err)
+	}
+	return data, nil
+}
+
+// Save implements Storage.
+func (s FileStorage) Save(data []byte) error {
+	dir := filepath.Dir(s.Path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("vault: %w", err)
+	}
+	suffix := make([]byte, 8)
+	rand.Read(suffix)
+	tmp := s.Path + ".tmp-" + hex.EncodeToString(suffix)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("vault: %w", err)
+	}
+	_, werr := f.Write(data)
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("vault: write %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, s.Path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("vault: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// The vault file is one header line, "egress-vault v1 <mac>", followed
+// by the JSON document. The MAC (HMAC-SHA256 under a key derived from the
+// master key) covers the exact bytes of the document, so that no byte of
+// the file can change without the file failing to open.
+const fileHeader = "egress-vault v1 "
+
+// document is the vault file's body. Values are sealed one by one, each
+// bound to its record's identity and rule; the whole body is
+// authenticated, so that attachments cannot be edited either.
+type document struct {
+	Secrets     []storedSecret   `json:"secrets"`
+	Attachments []storedAttached `json:"attachments"`
+}
+
+type storedSecret struct {
+	Name    string    `json:"name"`
+	Owner   string    `json:"owner,omitempty"`
+	Rule    Rule      `json:"rule"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+	Sealed  []byte    `json:"sealed"`
+}
+
+type storedAttached struct {
+	Agent       string `json:"agent"`
+	Secret      string `json:"secret"`
+	Env         string `json:"env"`
+	Placeholder string `json:"placeholder"`
+}
+
+// recordAD is the associated data a record's value is sealed with: its
+// identity and its rule, so that neither can change without the value
+// failing to open.
+func recordAD(s *storedSecret) []byte {
+	rule, _ := json.Marshal(s.Rule)
+	var b strings.Builder
+	b.WriteString("egress-vault/v1\x00")
+	b.WriteString(s.Owner)
+	b.WriteByte(0)
+	b.WriteString(s.Name)
+	b.WriteByte(0)
+	b.Write(rule)
+	return []byte(b.String())
+}
+
+func macKey(master []byte) []byte {
+	m := hmac.New(sha256.New, master)
+	m.Write([]byte("egress-vault/v1 file mac"))
+	return m.Sum(nil)
+}
+
+// encode serialises and authenticates a document.
+func (d *document) encode(master []byte) ([]byte, error) {
+	body, err := json.MarshalIndent(d, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("vault: encode: %w", err)
+	}
+	m := hmac.New(sha256.New, macKey(master))
+	m.Write(body)
+	out := append([]byte(fileHeader+hex.EncodeToString(m.Sum(nil))+"\n"), body...)
+	return append(out, '\n'), nil
+}
+
+// decodeDocument authenticates and parses a vault file, then opens every
+// value: any failure is an error naming what failed, never a partial load.
+func decodeDocument(data, master []byte) (*document, error) {
+	header, body, ok := bytes.Cut(data, []byte("\n"))
+	if !ok || !bytes.HasPrefix(header, []byte(fileHeader)) {
+		return nil, errors.New("vault: not a vault file, or an unsupported version")
+	}
+	body, ok = bytes.CutSuffix(body, []byte("\n"))
+	if !ok {
+		return nil, errors.New("vault: file is truncated")
+	}
+	m := hmac.New(sha256.New, macKey(master))
+	m.Write(body)
+	// Compared as the exact lower-case text, so that no spelling of the
+	// same code passes either.
+	want := []byte(hex.EncodeToString(m.Sum(nil)))
+	if !hmac.Equal(header[len(fileHeader):], want) {
+		return nil, errors.New("vault: file fails authentication: wrong key, or the file was modified or truncated")
+	}
+	var d document
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("vault: damaged file: %w", err)
+	}
+	seen := map[string]bool{}
+	for i := range d.Secrets {
+		s := &d.Secrets[i]
+		if seen[s.Name] {
+			return nil, fmt.Errorf("vault: secret %q appears twice", s.Name)
+		}
+		seen[s.Name] = true
+		pt, err := open(master, recordAD(s), s.Sealed)
+		if err != nil {
+			return nil, fmt.Errorf("vault: secret %q: %w", s.Name, err)
+		}
+		clear(pt)
+	}
+	for _, a := range d.Attachments {
+		if !seen[a.Secret] {
+			return nil, fmt.Errorf("vault: attachment of agent %q names unknown secret %q", a.Agent, a.Secret)
+		}
+	}
+	return &d, nil
+}

@@ -1,0 +1,345 @@
+package vault
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"regexp"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Secret names a secret and says where it may go. Its value is given to
+// Set and never returned by any method.
+type Secret struct {
+	Name  string `json:"name"`
+	Owner string `json:"owner,omitempty"` // who it belongs to, if anyone; part of its identity
+	Rule  Rule   `json:"rule"`
+}
+
+// Info describes a stored secret: everything but its value.
+type Info struct {
+	Secret
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+}
+
+// Attachment gives an agent the use of a secret: the sandbox's environment
+// variable Env holds Placeholder, which the gateway replaces with the
+// value on the way to the rule's hosts.
+type Attachment struct {
+	Agent       string `json:"agent"`
+	Secret      string `json:"secret"`
+	Env         string `json:"env"`
+	Placeholder string `json:"placeholder"`
+}
+
+// Options configure a Vault.
+type Options struct {
+	// PlaceholderPrefix starts every placeholder ("<prefix>-placeholder-…");
+	// "" means "egress".
+	PlaceholderPrefix string
+	// Now returns the time; nil means time.Now.
+	Now func() time.Time
+}
+
+// Vault stores secrets sealed at rest and injects them into requests.
+// Values are write-only: set, rotate and delete, never read back. It is
+// safe for concurrent use.
+type Vault struct {
+	opts  Options
+	store Storage
+
+	mu      sync.RWMutex
+	key     []byte
+	secrets map[string]*secretEntry
+	attach  map[string][]Attachment // by agent, sorted by secret
+}
+
+type secretEntry struct {
+	stored storedSecret
+	rule   *compiledRule
+	ad     []byte
+}
+
+// Open loads the vault from st with the master key. Nothing stored yet is
+// an empty vault; a wrong key, or a damaged, truncated or tampered file,
+// is an error, and nothing is loaded.
+func Open(st Storage, key []byte, opts Options) (*Vault, error) {
+	if len(key) != KeySize {
+		return nil, fmt.Errorf("vault: master key is %d bytes, want %d", len(key), KeySize)
+	}
+	v := &Vault{opts: opts, store: st, key: slices.Clone(key), secrets: map[string]*secretEntry{}, attach: map[string][]Attachment{}}
+	data, err := st.Load()
+	if errors.Is(err, fs.ErrNotExist) {
+		return v, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	d, err := decodeDocument(data, key)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range d.Secrets {
+		rule, err := s.Rule.compile()
+		if err != nil {
+			return nil, fmt.Errorf("vault: secret %q: %w", s.Name, err)
+		}
+		v.secrets[s.Name] = &secretEntry{stored: s, rule: rule, ad: recordAD(&s)}
+	}
+	for _, a := range d.Attachments {
+		v.attach[a.Agent] = append(v.attach[a.Agent], Attachment(a))
+	}
+	for agent := range v.attach {
+		sortAttachments(v.attach[agent])
+	}
+	return v, nil
+}
+
+func (v *Vault) now() time.Time {
+	if v.opts.Now != nil {
+		return v.opts.Now()
+	}
+	return time.Now().UTC()
+}
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// Set stores a secret's value and rule, replacing any secret of the same
+// name. The rule is checked first.
+func (v *Vault) Set(s Secret, value []byte) error {
+	if !validName.MatchString(s.Name) {
+		return fmt.Errorf("vault: invalid secret name %q (letters, digits, '.', '_', '-')", s.Name)
+	}
+	if len(value) == 0 {
+		return errors.New("vault: empty value")
+	}
+	rule, err := s.Rule.compile()
+	if err != nil {
+		return err
+	}
+	if _, err := rule.render(string(value)); err != nil {
+		return fmt.Errorf("vault: secret %q: %w", s.Name, err)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := v.now()
+	st := storedSecret{Name: s.Name, Owner: s.Owner, Rule: s.Rule, Created: now, Updated: now}
+	if old := v.secrets[s.Name]; old != nil {
+		st.Created = old.stored.Created
+	}
+	ad := recordAD(&st)
+	if st.Sealed, err = seal(v.key, ad, value); err != nil {
+		return err
+	}
+	secrets := maps.Clone(v.secrets)
+	secrets[s.Name] = &secretEntry{stored: st, rule: rule, ad: ad}
+	return v.commit(v.key, secrets, v.attach)
+}
+
+// SetRule changes the rule of a stored secret, keeping its value.
+func (v *Vault) SetRule(name string, r Rule) error {
+	rule, err := r.compile()
+	if err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	old := v.secrets[name]
+	if old == nil {
+		return fmt.Errorf("vault: no secret %q", name)
+	}
+	value, err := open(v.key, old.ad, old.stored.Sealed)
+	if err != nil {
+		return fmt.Errorf("vault: secret %q: %w", name, err)
+	}
+	defer clear(value)
+	if _, err := rule.render(string(value)); err != nil {
+		return fmt.Errorf("vault: secret %q: %w", name, err)
+	}
+	st := old.stored
+	st.Rule, st.Updated = r, v.now()
+	ad := recordAD(&st)
+	if st.Sealed, err = seal(v.key, ad, value); err != nil {
+		return err
+	}
+	secrets := maps.Clone(v.secrets)
+	secrets[name] = &secretEntry{stored: st, rule: rule, ad: ad}
+	return v.commit(v.key, secrets, v.attach)
+}
+
+// Delete removes a secret and every attachment of it.
+func (v *Vault) Delete(name string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.secrets[name] == nil {
+		return fmt.Errorf("vault: no secret %q", name)
+	}
+	secrets := maps.Clone(v.secrets)
+	delete(secrets, name)
+	attach := map[string][]Attachment{}
+	for agent, list := range v.attach {
+		for _, a := range list {
+			if a.Secret != name {
+				attach[agent] = append(attach[agent], a)
+			}
+		}
+	}
+	return v.commit(v.key, secrets, attach)
+}
+
+// List returns every secret's name, owner, rule and times, sorted by
+// name; never a value.
+func (v *Vault) List() []Info {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]Info, 0, len(v.secrets))
+	for _, e := range v.secrets {
+		out = append(out, Info{Secret: Secret{Name: e.stored.Name, Owner: e.stored.Owner, Rule: e.stored.Rule}, Created: e.stored.Created, Updated: e.stored.Updated})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Rotate re-seals every secret under newKey and stores the result in one
+// atomic write; until it returns, the old key opens the vault. Keep the
+// new key durable before calling Rotate.
+func (v *Vault) Rotate(newKey []byte) error {
+	if len(newKey) != KeySize {
+		return fmt.Errorf("vault: new key is %d bytes, want %d", len(newKey), KeySize)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	secrets := map[string]*secretEntry{}
+	for name, e := range v.secrets {
+		value, err := open(v.key, e.ad, e.stored.Sealed)
+		if err != nil {
+			return fmt.Errorf("vault: secret %q: %w", name, err)
+		}
+		st := e.stored
+		st.Sealed, err = seal(newKey, e.ad, value)
+		clear(value)
+		if err != nil {
+			return err
+		}
+		secrets[name] = &secretEntry{stored: st, rule: e.rule, ad: e.ad}
+	}
+	return v.commit(slices.Clone(newKey), secrets, v.attach)
+}
+
+var validEnv = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// Attach gives agent the use of a secret through the environment variable
+// env, and returns the attachment with its placeholder: random, distinct
+// per attachment, and stable while it lasts (attaching again returns the
+// same one, with the new variable name).
+func (v *Vault) Attach(agent, name, env string) (Attachment, error) {
+	if agent == "" {
+		return Attachment{}, errors.New("vault: no agent")
+	}
+	if !validEnv.MatchString(env) {
+		return Attachment{}, fmt.Errorf("vault: invalid environment variable name %q", env)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.secrets[name] == nil {
+		return Attachment{}, fmt.Errorf("vault: no secret %q", name)
+	}
+	list := slices.Clone(v.attach[agent])
+	i := slices.IndexFunc(list, func(a Attachment) bool { return a.Secret == name })
+	if i < 0 {
+		list = append(list, Attachment{Agent: agent, Secret: name, Placeholder: v.newPlaceholder()})
+		i = len(list) - 1
+	}
+	list[i].Env = env
+	a := list[i]
+	sortAttachments(list)
+	attach := mapsAttach(v.attach)
+	attach[agent] = list
+	if err := v.commit(v.key, v.secrets, attach); err != nil {
+		return Attachment{}, err
+	}
+	return a, nil
+}
+
+// Detach ends an agent's use of a secret; its placeholder stops working.
+func (v *Vault) Detach(agent, name string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	list := slices.DeleteFunc(slices.Clone(v.attach[agent]), func(a Attachment) bool { return a.Secret == name })
+	if len(list) == len(v.attach[agent]) {
+		return fmt.Errorf("vault: secret %q is not attached to %q", name, agent)
+	}
+	attach := mapsAttach(v.attach)
+	attach[agent] = list
+	return v.commit(v.key, v.secrets, attach)
+}
+
+// Attachments lists an agent's attachments, sorted by secret name.
+func (v *Vault) Attachments(agent string) []Attachment {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return slices.Clone(v.attach[agent])
+}
+
+func (v *Vault) newPlaceholder() string {
+	prefix := v.opts.PlaceholderPrefix
+	if prefix == "" {
+		prefix = "egress"
+	}
+	b := make([]byte, 16)
+	rand.Read(b)
+	return prefix + "-placeholder-" + hex.EncodeToString(b)
+}
+
+// commit stores the new state and, once stored, makes it current.
+func (v *Vault) commit(key []byte, secrets map[string]*secretEntry, attach map[string][]Attachment) error {
+	d := &document{Secrets: []storedSecret{}, Attachments: []storedAttached{}}
+	names := make([]string, 0, len(secrets))
+	for n := range secrets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		d.Secrets = append(d.Secrets, secrets[n].stored)
+	}
+	agents := make([]string, 0, len(attach))
+	for a := range attach {
+		agents = append(agents, a)
+	}
+	sort.Strings(agents)
+	for _, agent := range agents {
+		for _, a := range attach[agent] {
+			d.Attachments = append(d.Attachments, storedAttached(a))
+		}
+	}
+	data, err := d.encode(key)
+	if err != nil {
+		return err
+	}
+	if err := v.store.Save(data); err != nil {
+		return err
+	}
+	v.key, v.secrets, v.attach = key, secrets, attach
+	return nil
+}
+
+func mapsAttach(m map[string][]Attachment) map[string][]Attachment {
+	out := make(map[string][]Attachment, len(m)+1)
+	for k, l := range m {
+		if len(l) > 0 {
+			out[k] = l
+		}
+	}
+	return out
+}
+
+func sortAttachments(l []Attachment) {
+	sort.Slice(l, func(i, j int) bool { return l[i].Secret < l[j].Secret })
+}
