@@ -118,7 +118,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
 	p.sessionsWG.Add(1)
 	defer p.sessionsWG.Done()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(p.baseCtx)
 	defer cancel()
 	s := &session{p: p, ctx: ctx, client: tc, agent: agent, pol: pol, src: f.src, dst: dst, names: names, kind: egresslog.KindConnect, start: start}
 	s.run(buffered)

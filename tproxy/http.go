@@ -45,7 +45,11 @@ func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 		reset(s.client)
 		return
 	}
-	<-pc.closed
+	select {
+	case <-pc.closed:
+	case <-s.ctx.Done(): // a forced shutdown: hijacked upgrades are not the server's to close
+		pc.Close()
+	}
 }
 
 func (p *Proxy) startHTTP() {
@@ -136,8 +140,10 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			pr.Out.URL.Host = t.dialAddress()
 			pr.Out.Host = r.Host
 		},
-		Transport:     p.transports[boolIndex(pol.AllowPrivateNetworks())],
-		FlushInterval: -1, // streams (server-sent events) flow as they arrive
+		Transport: p.transports[boolIndex(pol.AllowPrivateNetworks())],
+		// Zero: streams (server-sent events, unknown length) are flushed on
+		// every write; fixed-length bodies are buffered.
+		FlushInterval: 0,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			rec.Reason = reasonUpstreamPrefix + err.Error()

@@ -91,9 +91,13 @@ type Proxy struct {
 	MaxConns, MaxConnsPerAgent int
 
 	initOnce sync.Once
-	open     atomic.Int64
-	perAgent sync.Map // agent -> *atomic.Int64
-	relays   relaySet
+	// baseCtx is the parent of every session's context; a forced
+	// shutdown cancels it, which ends intercepted connections too.
+	baseCtx   context.Context
+	cancelAll context.CancelFunc
+	open      atomic.Int64
+	perAgent  sync.Map // agent -> *atomic.Int64
+	relays    relaySet
 
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
@@ -112,6 +116,7 @@ func (p *Proxy) init() {
 	p.initOnce.Do(func() {
 		p.listeners = map[net.Listener]struct{}{}
 		p.closedCh = make(chan struct{})
+		p.baseCtx, p.cancelAll = context.WithCancel(context.Background())
 		p.relays.m = map[*relay]struct{}{}
 	})
 }
@@ -252,6 +257,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		p.cancelAll()
 		p.relays.closeAll()
 		p.httpSrv.Close()
 		<-done

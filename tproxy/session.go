@@ -155,7 +155,7 @@ func (p *Proxy) serveTransparent(c *net.TCPConn) {
 	if p.Names != nil {
 		names = p.Names(agent, dst.Addr())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(p.baseCtx)
 	defer cancel()
 	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, src: src, dst: dst, names: names, start: start}
 	s.run(nil)

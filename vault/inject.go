@@ -1,6 +1,8 @@
 package vault
 
 import (
+	"bytes"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -99,4 +101,63 @@ func headerHas(h http.Header, name, s string) bool {
 		}
 	}
 	return false
+}
+
+// FillBody replaces the agent's placeholders in a request body bound for
+// host and path, for the secrets whose rules name them, and returns the
+// names it used. It is Inject for the gateway's own requests whose
+// credential travels in the body (an OAuth refresh-token grant); the
+// same rules decide.
+func (v *Vault) FillBody(agent, host, path string, body []byte) ([]byte, []string, error) {
+	h, err := normalizeHost(host)
+	if err != nil {
+		return body, nil, nil
+	}
+	v.mu.RLock()
+	key := v.key
+	atts := v.attach[agent]
+	entries := make([]*secretEntry, len(atts))
+	for i, a := range atts {
+		entries[i] = v.secrets[a.Secret]
+	}
+	v.mu.RUnlock()
+	var used []string
+	for i, a := range atts {
+		e := entries[i]
+		if e == nil || !e.rule.matches(h, path) || !bytes.Contains(body, []byte(a.Placeholder)) {
+			continue
+		}
+		value, err := open(key, e.ad, e.stored.Sealed)
+		if err != nil {
+			return body, used, err
+		}
+		body = bytes.ReplaceAll(body, []byte(a.Placeholder), value)
+		clear(value)
+		used = append(used, a.Secret)
+	}
+	return body, used, nil
+}
+
+// Placeholder returns the agent's placeholder for a secret.
+func (v *Vault) Placeholder(agent, secret string) (string, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for _, a := range v.attach[agent] {
+		if a.Secret == secret {
+			return a.Placeholder, true
+		}
+	}
+	return "", false
+}
+
+// Replace stores a new value for an existing secret, keeping its rule and
+// attachments (a rotated token).
+func (v *Vault) Replace(name string, value []byte) error {
+	v.mu.RLock()
+	e := v.secrets[name]
+	v.mu.RUnlock()
+	if e == nil {
+		return fmt.Errorf("vault: no secret %q", name)
+	}
+	return v.Set(Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, value)
 }

@@ -521,3 +521,41 @@ func BenchmarkInject(b *testing.B) {
 		}
 	}
 }
+
+func TestFillBodyPlaceholderReplace(t *testing.T) {
+	v, _ := newVault(t)
+	rule := Rule{Hosts: []string{"auth.example"}, Header: "Authorization", Mode: Login, Paths: []string{"/oauth/token"}}
+	if err := v.Set(Secret{Name: "refresh", Rule: rule}, []byte("RT-1")); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := v.Attach("a1", "refresh", "REFRESH")
+	if ph, ok := v.Placeholder("a1", "refresh"); !ok || ph != a.Placeholder {
+		t.Fatalf("Placeholder = %q, %v", ph, ok)
+	}
+	if _, ok := v.Placeholder("a2", "refresh"); ok {
+		t.Fatal("another agent has a placeholder")
+	}
+	body := []byte(`{"grant_type":"refresh_token","refresh_token":"` + a.Placeholder + `"}`)
+	out, used, err := v.FillBody("a1", "auth.example:443", "/oauth/token", body)
+	if err != nil || len(used) != 1 || string(out) != `{"grant_type":"refresh_token","refresh_token":"RT-1"}` {
+		t.Fatalf("FillBody = %s %v %v", out, used, err)
+	}
+	for _, tc := range []struct{ agent, host, path string }{{"a2", "auth.example", "/oauth/token"}, {"a1", "evil.example", "/oauth/token"}, {"a1", "auth.example", "/other"}} {
+		if out, used, _ := v.FillBody(tc.agent, tc.host, tc.path, body); len(used) != 0 || !bytes.Equal(out, body) {
+			t.Errorf("FillBody(%+v) filled: %s", tc, out)
+		}
+	}
+	if err := v.Replace("refresh", []byte("RT-2")); err != nil {
+		t.Fatal(err)
+	}
+	out, _, _ = v.FillBody("a1", "auth.example", "/oauth/token", body)
+	if !bytes.Contains(out, []byte(`"RT-2"`)) {
+		t.Fatalf("after Replace: %s", out)
+	}
+	if got := v.Attachments("a1"); len(got) != 1 || got[0].Placeholder != a.Placeholder {
+		t.Fatal("Replace changed the attachment")
+	}
+	if err := v.Replace("missing", []byte("x")); err == nil {
+		t.Fatal("replaced a missing secret")
+	}
+}

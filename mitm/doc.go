@@ -1,0 +1,33 @@
+// Package mitm intercepts TLS for the hosts that need a credential: it
+// terminates the sandbox's TLS with a leaf certificate minted for the
+// host by its own CA, reads each HTTP/1.1 or HTTP/2 request, judges it on
+// its own host, fills in secrets through an Injector, and forwards it over
+// TLS verified against the system roots. TLS to every other host passes
+// through untouched (tproxy decides which is which, through the
+// Interceptor's Claims).
+//
+// The CA is ECDSA P-256, created on first start and persisted, or made in
+// memory per sandbox; leaves have fresh keys, are cached for 24 hours in a
+// bounded LRU, and are minted once however many connections for a new
+// host arrive together. Bundle and Env give a sandbox what it needs to
+// trust the CA.
+//
+// Responses stream as they arrive (server-sent events, chunked bodies,
+// large downloads in bounded memory); WebSocket upgrades pass through.
+// Upstream connections are pooled. A request for another host than the
+// TLS server name (HTTP/2 coalescing, a forged Host) is checked against
+// the policy on its own, and the Injector fills it only by that host's
+// rules. Hooks may answer chosen requests at the gateway; RefreshExchange
+// answers OAuth refresh-token grants so that a rotating refresh token never
+// leaves it.
+//
+// Typical use:
+//
+//	ca, err := mitm.LoadOrCreateCA(dataDir+"/egress/ca.crt", dataDir+"/egress/ca.key", "agenthold")
+//	ic := &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Injector: vault, Claim: hasRule, Log: log}
+//	proxy := &tproxy.Proxy{Interceptor: ic, ...}
+//
+// mitm never sees a secret's value except inside the request the Injector
+// fills, and never records it: records carry the secret's name, and error
+// messages never carry a request URL.
+package mitm

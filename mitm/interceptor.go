@@ -1,0 +1,379 @@
+package mitm
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+)
+
+// Injector fills an outgoing request with an agent's secrets and returns
+// the names of those it used; vault.Vault implements it. An error means
+// the request must not be sent.
+type Injector interface {
+	Inject(agent string, r *http.Request) ([]string, error)
+}
+
+// Hook may answer a request at the gateway instead of sending it on (a
+// token refresh, for instance). It returns true when it has written the
+// response.
+type Hook func(w http.ResponseWriter, r *http.Request, agent string) bool
+
+// Reasons recorded for intercepted requests.
+const (
+	ReasonHostMismatch  = "request host differs from the TLS server name: judged on its own"
+	ReasonAnswered      = "answered at the gateway"
+	ReasonInjectFailed  = "secret could not be injected"
+	reasonUpstreamError = "upstream: "
+)
+
+// Interceptor terminates the sandbox's TLS for the hosts it claims, with a
+// leaf from Leaves, and forwards each request over TLS verified against
+// the system roots (or RootCAs) to what the request's host resolves to on
+// the gateway, injecting secrets on the way. It implements the
+// tproxy.Interceptor interface. Set the fields before use.
+type Interceptor struct {
+	// Leaves mints the certificates presented to the sandbox. Required.
+	Leaves *Leaves
+	// Claim says which hosts to intercept for an agent: usually those an
+	// injection rule names. Nil claims none.
+	Claim func(agent, host string) bool
+	// Injector fills requests; nil injects nothing.
+	Injector Injector
+	// Hooks are asked, in order, to answer each request first.
+	Hooks []Hook
+	// Guard checks upstream addresses at dial time; nil means the built-in
+	// classification.
+	Guard *netguard.Guard
+	// Resolver resolves upstream names on the gateway; nil means
+	// net.DefaultResolver.
+	Resolver netguard.Resolver
+	// RootCAs verify upstream servers; nil means the system roots.
+	RootCAs *x509.CertPool
+	// Log receives one record per request.
+	Log *egresslog.Log
+	// Timeout bounds the TLS handshake with the sandbox, each request head,
+	// and upstream dials; zero means 10s.
+	Timeout time.Duration
+
+	initOnce   sync.Once
+	transports [2]*http.Transport // [allowPrivate]
+	proxy      *httputil.ReverseProxy
+}
+
+// Claims reports whether the interceptor takes TLS to host for agent.
+func (i *Interceptor) Claims(agent, host string) bool {
+	return i.Claim != nil && i.Claim(agent, host)
+}
+
+func (i *Interceptor) timeout() time.Duration {
+	if i.Timeout > 0 {
+		return i.Timeout
+	}
+	return 10 * time.Second
+}
+
+func (i *Interceptor) init() {
+	i.initOnce.Do(func() {
+		for n, allowPrivate := range []bool{false, true} {
+			i.transports[n] = &http.Transport{
+				Proxy: nil, // never an environment proxy
+				DialContext: (&netguard.Dialer{
+					Guard: i.Guard, AllowPrivate: allowPrivate, Resolver: i.Resolver, Timeout: i.timeout(),
+				}).DialContext,
+				TLSClientConfig:     &tls.Config{RootCAs: i.RootCAs},
+				TLSHandshakeTimeout: i.timeout(),
+				ForceAttemptHTTP2:   false,
+				MaxIdleConnsPerHost: 64,
+				IdleConnTimeout:     90 * time.Second,
+				DisableCompression:  true,
+			}
+		}
+		i.proxy = &httputil.ReverseProxy{
+			Rewrite:   i.rewrite,
+			Transport: roundTripper{i},
+			// Zero: responses of unknown length and server-sent events are
+			// flushed on every write (ReverseProxy knows them); others are
+			// buffered, which saves a TLS record per response.
+			FlushInterval: 0,
+			ErrorLog:      log.New(io.Discard, "", 0),
+			ErrorHandler:  i.upstreamError,
+		}
+	})
+}
+
+// Close drops pooled upstream connections.
+func (i *Interceptor) Close() error {
+	for _, t := range i.transports {
+		if t != nil {
+			t.CloseIdleConnections()
+		}
+	}
+	return nil
+}
+
+// connInfo is what Intercept knows of a connection, for each request.
+type connInfo struct {
+	agent string
+	pol   *policy.Policy
+	host  string // the name tproxy decided on (the TLS server name)
+	port  uint16
+}
+
+type connInfoKey struct{}
+
+// Intercept serves one sandbox connection whose ClientHello named host:
+// it presents host's leaf, speaks HTTP/1.1 or HTTP/2 as ALPN settles, and
+// returns when the connection is done. It owns conn.
+func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, pol *policy.Policy, host string, port uint16) {
+	i.init()
+	tlsConn := tls.Server(conn, &tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.Leaves.Get(host) },
+		NextProtos:     []string{"h2", "http/1.1"},
+		MinVersion:     tls.VersionTLS12,
+	})
+	info := &connInfo{agent: agent, pol: pol, host: host, port: port}
+	done := make(chan struct{})
+	var once sync.Once
+	var inflight sync.WaitGroup
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inflight.Add(1)
+			defer inflight.Done()
+			i.serveHTTP(w, r)
+		}),
+		ReadHeaderTimeout: i.timeout(),
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
+			return context.WithValue(ctx, connInfoKey{}, info)
+		},
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed || s == http.StateHijacked {
+				once.Do(func() { close(done) })
+			}
+		},
+	}
+	ln := &oneConnListener{conn: tlsConn, closed: make(chan struct{})}
+	go srv.Serve(ln)
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	inflight.Wait()
+	srv.Close()
+	tlsConn.Close()
+}
+
+// reqState is one request's bookkeeping, shared by the handler, the
+// rewrite and the transport through the request's context.
+type reqState struct {
+	info         *connInfo
+	host         string // the request's own host, judged on its own
+	allowPrivate bool
+	secrets      []string
+	injectErr    error
+	upstreamErr  string
+	refused      bool // netguard refused the upstream address
+}
+
+type reqStateKey struct{}
+
+func stateOf(ctx context.Context) *reqState {
+	s, _ := ctx.Value(reqStateKey{}).(*reqState)
+	return s
+}
+
+// serveHTTP judges one request on its own host, lets the hooks answer it,
+// or forwards it with secrets injected, and records it.
+func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
+	host := hostOnly(r.Host)
+	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path}
+	cw := &countingWriter{ResponseWriter: w}
+	defer func() {
+		rec.Status, rec.Bytes, rec.Duration = cw.status, cw.n, time.Since(start)
+		if i.Log != nil {
+			i.Log.Record(rec)
+		}
+	}()
+	canon, err := policy.NormalizeName(host)
+	if err != nil {
+		canon = host // an address: judged as one below
+	}
+	d := info.pol.Decide(canon, info.port)
+	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
+	if !d.Allowed {
+		http.Error(cw, "egress denied: "+d.Reason, http.StatusForbidden)
+		return
+	}
+	if !strings.EqualFold(canon, info.host) {
+		rec.Reason = ReasonHostMismatch
+	}
+	for _, h := range i.Hooks {
+		if h(cw, r, info.agent) {
+			rec.Reason = ReasonAnswered
+			return
+		}
+	}
+	st := &reqState{info: info, host: canon, allowPrivate: info.pol.AllowPrivateNetworks()}
+	var upBytes atomic.Int64
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &upBytes}
+	}
+	i.proxy.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), reqStateKey{}, st)))
+	rec.BytesUp = upBytes.Load()
+	rec.Secret = strings.Join(st.secrets, ",")
+	switch {
+	case st.injectErr != nil:
+		rec.Allowed, rec.Reason = false, ReasonInjectFailed
+	case st.upstreamErr != "":
+		rec.Allowed = !st.refused
+		rec.Reason = reasonUpstreamError + st.upstreamErr
+	}
+}
+
+// rewrite points the request at the real host over TLS and injects the
+// agent's secrets, after ReverseProxy has removed hop-by-hop headers.
+func (i *Interceptor) rewrite(pr *httputil.ProxyRequest) {
+	st := stateOf(pr.In.Context())
+	pr.Out.URL.Scheme = "https"
+	pr.Out.URL.Host = net.JoinHostPort(st.host, strconv.Itoa(int(st.info.port)))
+	pr.Out.Host = pr.In.Host
+	if i.Injector != nil {
+		st.secrets, st.injectErr = i.Injector.Inject(st.info.agent, pr.Out)
+	}
+}
+
+// roundTripper sends a request on the transport for its agent's private
+// network permission, unless injection failed.
+type roundTripper struct{ i *Interceptor }
+
+func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
+	st := stateOf(r.Context())
+	if st.injectErr != nil {
+		return nil, errInjectFailed
+	}
+	n := 0
+	if st.allowPrivate {
+		n = 1
+	}
+	return rt.i.transports[n].RoundTrip(r)
+}
+
+var errInjectFailed = errors.New(ReasonInjectFailed)
+
+// upstreamError answers 502 with a description of the failure that never
+// includes the request URL (whose query may carry an injected secret).
+func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	st := stateOf(r.Context())
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	why := err.Error()
+	var cv *tls.CertificateVerificationError
+	var hn x509.HostnameError
+	var ua x509.UnknownAuthorityError
+	switch {
+	case errors.As(err, &cv), errors.As(err, &hn), errors.As(err, &ua):
+		why = "upstream certificate rejected: " + why
+	case errors.Is(err, netguard.ErrDenied):
+		st.refused = true
+	}
+	st.upstreamErr = why
+	if errors.Is(err, errInjectFailed) {
+		http.Error(w, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
+		return
+	}
+	http.Error(w, "egress: upstream "+st.host+": "+why, http.StatusBadGateway)
+}
+
+func hostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
+}
+
+// oneConnListener hands one connection to an http.Server.
+type oneConnListener struct {
+	mu     sync.Mutex
+	conn   net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.conn
+	l.conn = nil
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	<-l.closed
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
+
+// countingWriter records the status and counts body bytes; it unwraps for
+// http.ResponseController (flushing, hijacking for upgrades).
+type countingWriter struct {
+	http.ResponseWriter
+	status int
+	n      int64
+}
+
+func (w *countingWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}

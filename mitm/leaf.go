@@ -1,0 +1,144 @@
+package mitm
+
+import (
+	"container/list"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+)
+
+// Leaf cache defaults.
+const (
+	DefaultLeafTTL   = 24 * time.Hour
+	DefaultLeafCache = 4096
+	leafValidity     = 48 * time.Hour // beyond the cache TTL, so a cached leaf is never expired
+)
+
+// Leaves mints and caches a certificate per host, signed by a CA: each
+// with a fresh random key (never derived from the CA key or the name),
+// valid for that host only, kept for TTL in a bounded LRU, and minted once
+// when many connections for a new host arrive together.
+type Leaves struct {
+	CA   *CA
+	TTL  time.Duration // zero means DefaultLeafTTL
+	Size int           // zero means DefaultLeafCache
+
+	mu     sync.Mutex
+	lru    *list.List // of *leafEntry, most recent first
+	byHost map[string]*list.Element
+	flight singleflight.Group
+}
+
+type leafEntry struct {
+	host    string
+	cert    *tls.Certificate
+	expires time.Time
+}
+
+// Get returns the leaf for host, minting it if needed.
+func (l *Leaves) Get(host string) (*tls.Certificate, error) {
+	now := time.Now()
+	l.mu.Lock()
+	if l.byHost == nil {
+		l.byHost, l.lru = map[string]*list.Element{}, list.New()
+	}
+	if el, ok := l.byHost[host]; ok {
+		e := el.Value.(*leafEntry)
+		if now.Before(e.expires) {
+			l.lru.MoveToFront(el)
+			l.mu.Unlock()
+			return e.cert, nil
+		}
+		l.lru.Remove(el)
+		delete(l.byHost, host)
+	}
+	l.mu.Unlock()
+	v, err, _ := l.flight.Do(host, func() (any, error) {
+		cert, err := mintLeaf(l.CA, host, now)
+		if err != nil {
+			return nil, err
+		}
+		l.store(host, cert, now)
+		return cert, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*tls.Certificate), nil
+}
+
+func (l *Leaves) store(host string, cert *tls.Certificate, now time.Time) {
+	ttl := l.TTL
+	if ttl <= 0 {
+		ttl = DefaultLeafTTL
+	}
+	size := l.Size
+	if size <= 0 {
+		size = DefaultLeafCache
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if el, ok := l.byHost[host]; ok {
+		l.lru.Remove(el)
+	}
+	l.byHost[host] = l.lru.PushFront(&leafEntry{host: host, cert: cert, expires: now.Add(ttl)})
+	for l.lru.Len() > size {
+		last := l.lru.Back()
+		l.lru.Remove(last)
+		delete(l.byHost, last.Value.(*leafEntry).host)
+	}
+}
+
+// Len reports how many leaves are cached.
+func (l *Leaves) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lru == nil {
+		return 0
+	}
+	return l.lru.Len()
+}
+
+// mintLeaf creates a certificate for host (a name, or an IP address)
+// with a fresh key.
+func mintLeaf(ca *CA, host string, now time.Time) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("mitm: leaf key: %w", err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: host},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(leafValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, a.AsSlice())
+	} else {
+		tmpl.DNSNames = []string{host}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("mitm: sign leaf for %s: %w", host, err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("mitm: leaf for %s: %w", host, err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Cert.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}

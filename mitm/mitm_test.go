@@ -1,0 +1,721 @@
+package mitm
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/websocket"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/vault"
+)
+
+const secretValue = "sk-live-7f3c9d1e2b4a60581f2e3d4c5b6a7980" // the value that must never leak
+
+// upstreamCA signs the test upstreams' certificates; the interceptor
+// trusts it as its root.
+type upstreamCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pool *x509.CertPool
+}
+
+func newUpstreamCA(t testing.TB) *upstreamCA {
+	ca, err := NewCA("upstream test root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return &upstreamCA{cert: ca.Cert, key: ca.Key, pool: pool}
+}
+
+func (u *upstreamCA) cert4(t testing.TB, names ...string) tls.Certificate {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, u.cert, &key.PublicKey, u.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// rig is an interceptor in front of a real HTTPS upstream on 127.0.0.2,
+// with a real vault. Connections to rig.addr are intercepted as host
+// api.test for agent a1 (standing in for tproxy's hand-over; one test
+// goes through tproxy itself).
+type rig struct {
+	t        testing.TB
+	ic       *Interceptor
+	ca       *CA
+	vault    *vault.Vault
+	log      *egresslog.Log
+	pol      *policy.Policy
+	up       *upstreamCA
+	upPort   uint16
+	addr     string // where the sandbox connects
+	ph       string // a1's placeholder for the secret
+	upHeader atomic.Pointer[http.Header]
+	upQuery  atomic.Pointer[string]
+	mux      *http.ServeMux
+}
+
+func newRig(t testing.TB) *rig {
+	r := &rig{t: t, up: newUpstreamCA(t), log: &egresslog.Log{}, mux: http.NewServeMux()}
+	var err error
+	if r.ca, err = NewCA("mitm test"); err != nil {
+		t.Fatal(err)
+	}
+	r.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		h := req.Header.Clone()
+		r.upHeader.Store(&h)
+		q := req.URL.RawQuery
+		r.upQuery.Store(&q)
+		fmt.Fprintf(w, "upstream saw host=%s proto=%s", req.Host, req.Proto)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.upPort = uint16(ln.Addr().(*net.TCPAddr).Port)
+	upSrv := &http.Server{Handler: r.mux, ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{Certificates: []tls.Certificate{r.up.cert4(t, "api.test", "other.test", "open.test")}, NextProtos: []string{"h2", "http/1.1"}}}
+	go upSrv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { upSrv.Close() })
+
+	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, make([]byte, vault.KeySize), vault.Options{PlaceholderPrefix: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.vault.Set(vault.Secret{Name: "api", Rule: vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Template: "Bearer {{.Value}}"}}, []byte(secretValue)); err != nil {
+		t.Fatal(err)
+	}
+	a, err := r.vault.Attach("a1", "api", "API_KEY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ph = a.Placeholder
+	r.pol, err = policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*", "other.test:*", "broken.test:*", "selfsigned.test:*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard, _ := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	loop := []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+	r.ic = &Interceptor{
+		Leaves:   &Leaves{CA: r.ca},
+		Claim:    func(agent, host string) bool { return agent == "a1" && host == "api.test" },
+		Injector: r.vault,
+		Guard:    guard,
+		Resolver: fixedResolver{"api.test": loop, "other.test": loop, "broken.test": loop, "selfsigned.test": {netip.MustParseAddr("127.0.0.3")}},
+		RootCAs:  r.up.pool,
+		Log:      r.log,
+	}
+	t.Cleanup(func() { r.ic.Close() })
+	r.addr = r.serveIntercepted("api.test")
+	return r
+}
+
+// serveIntercepted accepts connections and intercepts each as host.
+func (r *rig) serveIntercepted(host string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { ln.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	r.t.Cleanup(cancel)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go r.ic.Intercept(ctx, c, "a1", r.pol, host, r.upPort)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+type fixedResolver map[string][]netip.Addr
+
+func (f fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := f[host]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// client returns an HTTP client that trusts the interception CA and
+// connects every request to addr.
+func (r *rig) client(addr string, h2 bool) *http.Client {
+	pool := x509.NewCertPool()
+	pool.AddCert(r.ca.Cert)
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool},
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		},
+		ForceAttemptHTTP2: h2,
+	}
+	if !h2 {
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	r.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+func (r *rig) get(c *http.Client, rawURL string, header http.Header) (*http.Response, string) {
+	r.t.Helper()
+	req, _ := http.NewRequest("GET", rawURL, nil)
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		r.t.Fatalf("GET %s: %v", rawURL, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func (r *rig) upstreamHeader() http.Header {
+	if h := r.upHeader.Load(); h != nil {
+		return *h
+	}
+	return nil
+}
+
+func TestInjectHTTP1AndHTTP2(t *testing.T) {
+	r := newRig(t)
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2=%v", h2), func(t *testing.T) {
+			resp, body := r.get(r.client(r.addr, h2), "https://api.test/v1/x?q="+r.ph, http.Header{"X-Extra": {"id " + r.ph}})
+			wantProto := "HTTP/1.1"
+			if h2 {
+				wantProto = "HTTP/2.0"
+			}
+			if resp.StatusCode != 200 || resp.Proto != wantProto || !strings.Contains(body, "host=api.test") {
+				t.Fatalf("%d %s %q", resp.StatusCode, resp.Proto, body)
+			}
+			h := r.upstreamHeader()
+			if got := h.Get("Authorization"); got != "Bearer "+secretValue {
+				t.Errorf("upstream Authorization = %q", got)
+			}
+			if got := h.Get("X-Extra"); got != "id "+secretValue {
+				t.Errorf("upstream X-Extra = %q", got)
+			}
+			if q := *r.upQuery.Load(); q != "q="+secretValue {
+				t.Errorf("upstream query = %q", q)
+			}
+			rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/v1/x" && rec.Status == 200 })
+			if !rec.Allowed || rec.Secret != "api" || rec.Host != "api.test" || rec.Method != "GET" || rec.Bytes == 0 {
+				t.Errorf("record %+v", rec)
+			}
+		})
+	}
+}
+
+func (r *rig) waitRecord(f func(egresslog.Record) bool) egresslog.Record {
+	r.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, rec := range r.log.List(egresslog.Filter{}, 0) {
+			if f(rec) {
+				return rec
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // records land when the handler returns
+	}
+	r.t.Fatalf("no matching record in %+v", r.log.List(egresslog.Filter{}, 0))
+	return egresslog.Record{}
+}
+
+func TestCurlThroughInterception(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Skip("requires curl (apt-get install curl)")
+	}
+	r := newRig(t)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(caFile, r.ca.PEM(), 0o644)
+	_, port, _ := net.SplitHostPort(r.addr)
+	for _, proto := range []string{"--http1.1", "--http2"} {
+		out, err := exec.Command("curl", "-sS", proto, "--cacert", caFile, "--resolve", "api.test:"+port+":127.0.0.1",
+			"-H", "Authorization: Bearer "+r.ph, "https://api.test:"+port+"/curl").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "host=api.test") {
+			t.Fatalf("curl %s: %s %v", proto, out, err)
+		}
+		if got := r.upstreamHeader().Get("Authorization"); got != "Bearer "+secretValue {
+			t.Fatalf("curl %s: upstream Authorization = %q", proto, got)
+		}
+	}
+}
+
+func TestServerSentEventsStream(t *testing.T) {
+	r := newRig(t)
+	release := make(chan struct{})
+	r.mux.HandleFunc("/events", func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-release // the response goes on until the client has the first event
+		fmt.Fprintf(w, "data: second\n\n")
+	})
+	for _, h2 := range []bool{false, true} {
+		resp, err := r.client(r.addr, h2).Get("https://api.test/events")
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		line, err := br.ReadString('\n')
+		if err != nil || line != "data: first\n" {
+			t.Fatalf("h2=%v: first event %q %v", h2, line, err)
+		}
+		release <- struct{}{}
+		rest, _ := io.ReadAll(br)
+		resp.Body.Close()
+		if !strings.Contains(string(rest), "data: second") {
+			t.Fatalf("h2=%v: rest %q", h2, rest)
+		}
+	}
+}
+
+func TestWebSocketEcho(t *testing.T) {
+	r := newRig(t)
+	r.mux.Handle("/ws", websocket.Handler(func(ws *websocket.Conn) { io.Copy(ws, ws) }))
+	pool := x509.NewCertPool()
+	pool.AddCert(r.ca.Cert)
+	cfg, err := websocket.NewConfig("wss://api.test/ws", "https://api.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.TlsConfig = &tls.Config{RootCAs: pool, ServerName: "api.test"}
+	cfg.Dialer = &net.Dialer{}
+	raw, err := net.Dial("tcp", r.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, cfg.TlsConfig)
+	ws, err := websocket.NewClient(cfg, tc)
+	if err != nil {
+		t.Fatalf("websocket handshake: %v", err)
+	}
+	defer ws.Close()
+	for _, msg := range []string{"hello", "world"} {
+		if err := websocket.Message.Send(ws, msg); err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		ws.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := websocket.Message.Receive(ws, &got); err != nil || got != msg {
+			t.Fatalf("echo %q: %q %v", msg, got, err)
+		}
+	}
+}
+
+// TestLargeDownloadFlatMemory moves 1 GiB through the interceptor and
+// checks that the heap stays small while it flows.
+func TestLargeDownloadFlatMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 1 GiB")
+	}
+	r := newRig(t)
+	const size = 1 << 30
+	chunk := make([]byte, 1<<20)
+	r.mux.HandleFunc("/big", func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		for i := 0; i < size/len(chunk); i++ {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	c := r.client(r.addr, false)
+	c.Timeout = 0 // the body may take a while under the race detector
+	resp, err := c.Get("https://api.test/big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var peak uint64
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		m, err := resp.Body.Read(buf)
+		n += int64(m)
+		if n%(64<<20) < int64(m) {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if n != size {
+		t.Fatalf("downloaded %d bytes", n)
+	}
+	if peak > 64<<20 {
+		t.Fatalf("heap reached %d MiB while streaming 1 GiB", peak>>20)
+	}
+	t.Logf("peak heap in use while streaming 1 GiB: %d MiB", peak>>20)
+}
+
+func TestBadUpstreamCertificates(t *testing.T) {
+	r := newRig(t)
+	// broken.test resolves to the upstream, whose certificate does not
+	// name it.
+	brokenAddr := r.serveIntercepted("broken.test")
+	resp, body := r.get(r.client(brokenAddr, false), "https://broken.test/", nil)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "certificate") {
+		t.Fatalf("wrong-name upstream: %d %q", resp.StatusCode, body)
+	}
+	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Host == "broken.test" })
+	if !strings.Contains(rec.Reason, "certificate") || rec.Status != http.StatusBadGateway {
+		t.Errorf("record %+v", rec)
+	}
+	// selfsigned.test is a server with a certificate no root vouches for.
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), DNSNames: []string{"selfsigned.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.3:%d", r.upPort))
+	if err != nil {
+		t.Skipf("cannot listen on the upstream's port at 127.0.0.3: %v", err)
+	}
+	srv := &http.Server{Handler: r.mux, TLSConfig: &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}}
+	go srv.ServeTLS(ln, "", "")
+	defer srv.Close()
+	selfAddr := r.serveIntercepted("selfsigned.test")
+	resp, body = r.get(r.client(selfAddr, false), "https://selfsigned.test/", nil)
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "certificate") {
+		t.Fatalf("self-signed upstream: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestHostMismatchJudgedOnItsOwn(t *testing.T) {
+	r := newRig(t)
+	c := r.client(r.addr, false)
+	// SNI api.test, Host other.test: allowed by policy, but no rule names
+	// other.test, so the placeholder goes out unchanged.
+	resp, body := r.get(c, "https://api.test/", http.Header{"Authorization": {"Bearer " + r.ph}})
+	if resp.StatusCode != 200 {
+		t.Fatal(body)
+	}
+	req, _ := http.NewRequest("GET", "https://api.test/mismatch", nil)
+	req.Host = "other.test"
+	req.Header.Set("Authorization", "Bearer "+r.ph)
+	resp2, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp2.Body)
+	resp2.Body.Close()
+	if resp2.StatusCode != 200 {
+		t.Fatalf("status %d", resp2.StatusCode)
+	}
+	if got := r.upstreamHeader().Get("Authorization"); got != "Bearer "+r.ph {
+		t.Fatalf("the credential reached a host its rule does not name: %q", got)
+	}
+	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/mismatch" })
+	if rec.Secret != "" || rec.Reason != ReasonHostMismatch || rec.Host != "other.test" {
+		t.Errorf("record %+v", rec)
+	}
+	// A Host the policy denies gets 403.
+	req, _ = http.NewRequest("GET", "https://api.test/denied", nil)
+	req.Host = "evil.test"
+	resp3, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp3.Body.Close()
+	if resp3.StatusCode != http.StatusForbidden {
+		t.Fatalf("denied Host: %d", resp3.StatusCode)
+	}
+}
+
+// TestCoalescedHTTP2 sends, on one HTTP/2 connection opened for api.test,
+// a request whose :authority is another host, as connection coalescing
+// would.
+func TestCoalescedHTTP2(t *testing.T) {
+	r := newRig(t)
+	pool := x509.NewCertPool()
+	pool.AddCert(r.ca.Cert)
+	var protos http.Protocols
+	protos.SetHTTP2(true)
+	tr := &http.Transport{
+		Protocols:       &protos,
+		TLSClientConfig: &tls.Config{RootCAs: pool},
+		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "tcp", r.addr) },
+	}
+	cc, err := tr.NewClientConn(context.Background(), "https", "api.test:443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for _, tt := range []struct {
+		authority string
+		status    int
+		auth      string
+	}{
+		{"api.test", 200, "Bearer " + secretValue},
+		{"other.test", 200, "Bearer " + r.ph},
+		{"evil.test", 403, ""},
+	} {
+		req, _ := http.NewRequest("GET", "https://"+tt.authority+"/coalesced", nil)
+		req.Header.Set("Authorization", "Bearer "+r.ph)
+		r.upHeader.Store(nil)
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.status || r.upstreamHeader().Get("Authorization") != tt.auth {
+			t.Errorf(":authority %s: status %d, upstream Authorization %q", tt.authority, resp.StatusCode, r.upstreamHeader().Get("Authorization"))
+		}
+	}
+}
+
+// TestSecretNeverLeaks pushes the secret through success, upstream
+// failure and refusal, and looks for it in every record and every answer.
+func TestSecretNeverLeaks(t *testing.T) {
+	r := newRig(t)
+	var sink strings.Builder
+	var mu sync.Mutex
+	r.log.Sinks = nil // the log was made without sinks; scan its records instead
+	c := r.client(r.addr, false)
+	var answers []string
+	_, body := r.get(c, "https://api.test/ok?key="+r.ph, http.Header{"X-Key": {r.ph}})
+	answers = append(answers, body)
+	// An upstream failure after injection: the URL (with the secret in
+	// its query) must not appear in the error.
+	r.ic.Close() // no pooled connection to the old address
+	r.ic.Resolver.(fixedResolver)["api.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.4")}
+	resp, body := r.get(c, "https://api.test/fail?key="+r.ph, nil)
+	answers = append(answers, body)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// Refused by netguard.
+	r.ic.Close()
+	r.ic.Resolver.(fixedResolver)["api.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
+	_, body = r.get(c, "https://api.test/meta?key="+r.ph, nil)
+	answers = append(answers, body)
+	r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/meta" })
+	mu.Lock()
+	defer mu.Unlock()
+	for _, rec := range r.log.List(egresslog.Filter{}, 0) {
+		sink.Write(rec.AppendJSON(nil))
+	}
+	for i, a := range append(answers, sink.String()) {
+		if strings.Contains(a, secretValue) {
+			t.Errorf("the secret leaked into output %d: %s", i, a)
+		}
+	}
+	if !strings.Contains(sink.String(), `"secret":"api"`) {
+		t.Errorf("records do not name the injected secret: %s", sink.String())
+	}
+}
+
+func TestLeavesCache(t *testing.T) {
+	ca, _ := NewCA("leaf test")
+	l := &Leaves{CA: ca, Size: 3, TTL: time.Hour}
+	var wg sync.WaitGroup
+	certs := make([]*tls.Certificate, 32)
+	for i := range certs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := l.Get("new.example")
+			if err != nil {
+				t.Error(err)
+			}
+			certs[i] = c
+		}()
+	}
+	wg.Wait()
+	for _, c := range certs[1:] {
+		if c != certs[0] {
+			t.Fatal("a new host was minted more than once under concurrent demand")
+		}
+	}
+	leaf := certs[0].Leaf
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "new.example", Roots: pool}); err != nil {
+		t.Fatalf("leaf does not verify for its host: %v", err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "other.example", Roots: pool}); err == nil {
+		t.Fatal("leaf verifies for another host")
+	}
+	if leaf.PublicKey.(*ecdsa.PublicKey).Equal(&ca.Key.PublicKey) {
+		t.Fatal("leaf reuses the CA key")
+	}
+	if time.Until(leaf.NotAfter) > 49*time.Hour {
+		t.Fatalf("leaf valid until %v", leaf.NotAfter)
+	}
+	other, _ := l.Get("other.example")
+	if other.PrivateKey.(*ecdsa.PrivateKey).Equal(certs[0].PrivateKey) {
+		t.Fatal("two leaves share a key")
+	}
+	l.Get("third.example")
+	l.Get("new.example") // most recent again
+	l.Get("fourth.example")
+	if l.Len() != 3 {
+		t.Fatalf("%d leaves cached, want 3", l.Len())
+	}
+	again, _ := l.Get("new.example")
+	if again != certs[0] {
+		t.Fatal("the most recently used leaf was evicted")
+	}
+	o2, _ := l.Get("other.example")
+	if o2 == other {
+		t.Fatal("the least recently used leaf survived eviction")
+	}
+	short := &Leaves{CA: ca, TTL: time.Nanosecond}
+	a, _ := short.Get("ttl.example")
+	time.Sleep(time.Millisecond) // let the TTL pass
+	b, _ := short.Get("ttl.example")
+	if a == b {
+		t.Fatal("an expired leaf was served")
+	}
+}
+
+func TestCAPersistence(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "egress")
+	cert, key := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	ca1, err := LoadOrCreateCA(cert, key, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(key); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("key mode %v", fi.Mode().Perm())
+	}
+	ca2, err := LoadOrCreateCA(cert, key, "test")
+	if err != nil || !ca2.Cert.Equal(ca1.Cert) {
+		t.Fatalf("reload: %v", err)
+	}
+	os.WriteFile(cert, []byte("garbage"), 0o644)
+	if _, err := LoadOrCreateCA(cert, key, "test"); err == nil {
+		t.Fatal("a damaged CA was accepted (or replaced)")
+	}
+	os.Remove(cert)
+	if _, err := LoadOrCreateCA(cert, key, "test"); err == nil || !strings.Contains(err.Error(), "only one") {
+		t.Fatalf("a lone key: %v", err)
+	}
+	other, _ := NewCA("other")
+	os.WriteFile(cert, other.PEM(), 0o644)
+	if _, err := LoadOrCreateCA(cert, key, "test"); err == nil {
+		t.Fatal("a certificate that does not match the key was accepted")
+	}
+}
+
+func TestTrustFiles(t *testing.T) {
+	ca, _ := NewCA("trust test")
+	b, err := ca.Bundle()
+	if err != nil {
+		t.Skipf("no system roots on this machine: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) || !strings.HasSuffix(string(b), string(ca.PEM())) || strings.Count(string(b), "BEGIN CERTIFICATE") < 10 {
+		t.Fatal("the bundle is not the system roots followed by the CA")
+	}
+	env := strings.Join(Env("/etc/egress/bundle.pem", "/etc/egress/ca.pem"), " ")
+	for _, v := range []string{"SSL_CERT_FILE=/etc/egress/bundle.pem", "NODE_EXTRA_CA_CERTS=/etc/egress/ca.pem", "REQUESTS_CA_BUNDLE=", "CURL_CA_BUNDLE=", "GIT_SSL_CAINFO=", "AWS_CA_BUNDLE="} {
+		if !strings.Contains(env, v) {
+			t.Errorf("Env lacks %s", v)
+		}
+	}
+}
+
+func TestRefreshExchange(t *testing.T) {
+	r := newRig(t)
+	// The token endpoint rotates its refresh token on every grant.
+	var current atomic.Pointer[string]
+	first := "RT-1-real"
+	current.Store(&first)
+	var grants atomic.Int32
+	r.mux.HandleFunc("/oauth/token", func(w http.ResponseWriter, req *http.Request) {
+		var in map[string]string
+		json.NewDecoder(req.Body).Decode(&in)
+		if in["grant_type"] != "refresh_token" || in["refresh_token"] != *current.Load() {
+			t.Logf("grant with %q, want %q", in["refresh_token"], *current.Load())
+			http.Error(w, `{"error":"invalid_grant"}`, http.StatusBadRequest)
+			return
+		}
+		n := grants.Add(1)
+		next := fmt.Sprintf("RT-%d-real", n+1)
+		current.Store(&next)
+		json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("AT-%d-real", n), "refresh_token": next, "expires_in": 3600})
+	})
+	rule := vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Mode: vault.Login, Paths: []string{"/oauth/token"}}
+	if err := r.vault.Set(vault.Secret{Name: "refresh", Rule: rule}, []byte(first)); err != nil {
+		t.Fatal(err)
+	}
+	access := vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Mode: vault.Login, Paths: []string{"/backend-api"}}
+	if err := r.vault.Set(vault.Secret{Name: "access", Rule: access}, []byte("AT-0-real")); err != nil {
+		t.Fatal(err)
+	}
+	r.vault.Detach("a1", "api") // its rule would set Authorization for every path
+	rph, _ := r.vault.Attach("a1", "refresh", "REFRESH")
+	aph, _ := r.vault.Attach("a1", "access", "ACCESS")
+	x := &RefreshExchange{Host: fmt.Sprintf("api.test:%d", r.upPort), Path: "/oauth/token", RefreshSecret: "refresh", AccessSecret: "access", Store: r.vault, Client: r.ic.Client(false)}
+	r.ic.Hooks = []Hook{x.Hook()}
+	c := r.client(r.addr, false)
+	for round := 1; round <= 2; round++ {
+		resp, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"`+rph.Placeholder+`","client_id":"app"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || out["refresh_token"] != rph.Placeholder || out["access_token"] != aph.Placeholder || out["expires_in"] != float64(3600) {
+			t.Fatalf("round %d: %d %v", round, resp.StatusCode, out)
+		}
+	}
+	if grants.Load() != 2 {
+		t.Fatalf("%d grants reached the endpoint", grants.Load())
+	}
+	// The rotated access token is used on the way out, by placeholder.
+	resp, _ := r.get(c, "https://api.test/backend-api/me", http.Header{"Authorization": {"Bearer " + aph.Placeholder}})
+	if resp.StatusCode != 200 || r.upstreamHeader().Get("Authorization") != "Bearer AT-2-real" {
+		t.Fatalf("access token after refresh: %q", r.upstreamHeader().Get("Authorization"))
+	}
+	// A grant with a token that is not the placeholder passes through.
+	resp2, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"something-else"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusBadRequest {
+		t.Fatalf("foreign grant: %d", resp2.StatusCode)
+	}
+}
