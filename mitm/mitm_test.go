@@ -472,7 +472,9 @@ func TestCoalescedHTTP2(t *testing.T) {
 	tr := &http.Transport{
 		Protocols:       &protos,
 		TLSClientConfig: &tls.Config{RootCAs: pool},
-		DialContext:     func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "tcp", r.addr) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", r.addr)
+		},
 	}
 	cc, err := tr.NewClientConn(context.Background(), "https", "api.test:443")
 	if err != nil {
