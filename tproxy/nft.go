@@ -37,6 +37,9 @@ type GatewayRules struct {
 	// OpenPorts are the gateway's TCP ports agents may connect to directly
 	// (the explicit proxy port, a tunnel port).
 	OpenPorts []uint16
+	// NoNetwork drops everything from agents, DNS included: sandboxes
+	// have no network at all. The ports are then not needed.
+	NoNetwork bool
 }
 
 // SidecarRules are the rules of sidecar mode, installed inside the
@@ -78,7 +81,7 @@ const (
 // Apply installs the gateway rules as one batch, replacing a table of the
 // same name.
 func (g GatewayRules) Apply() (*Rules, error) {
-	if g.DNSPort == 0 || g.ProxyPort == 0 {
+	if !g.NoNetwork && (g.DNSPort == 0 || g.ProxyPort == 0) {
 		return nil, errors.New("tproxy: gateway rules need a DNS port and a proxy port")
 	}
 	r, err := openRules(g.NetNS, orString(g.Table, defaultTable))
@@ -208,6 +211,10 @@ func (g GatewayRules) build(r *Rules) error {
 	// Nothing is forwarded to agents either.
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, lookup(r.ifaces), drop()}})
 
+	if g.NoNetwork {
+		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: []expr.Any{drop()}})
+		return nil
+	}
 	// agent_nat: DNS to the DNS port; TCP not to the gateway to the proxy.
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: redirectPort(unix.IPPROTO_UDP, 53, g.DNSPort)})
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: redirectPort(unix.IPPROTO_TCP, 53, g.DNSPort)})

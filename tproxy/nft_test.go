@@ -173,3 +173,17 @@ func TestRulesetInKernel(t *testing.T) {
 		})
 	}
 }
+
+func TestNoNetworkRules(t *testing.T) {
+	requireNamespaces(t)
+	n := newNS(t, "nft")
+	r, err := GatewayRules{Table: "egress_test", NetNS: n.Path(), Interfaces: []string{"veth-agent1"}, NoNetwork: true}.Apply()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	out := nftList(t, n)
+	if strings.Contains(out, "redirect") || !strings.Contains(out, "chain agent_in {\n\t\tdrop\n\t}") {
+		t.Fatalf("no-network rules:\n%s", out)
+	}
+}

@@ -161,3 +161,20 @@ func (v *Vault) Replace(name string, value []byte) error {
 	}
 	return v.Set(Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, value)
 }
+
+// Covers reports whether one of the agent's attachments has a rule that
+// names host: whether the gateway must intercept the agent's TLS to host.
+func (v *Vault) Covers(agent, host string) bool {
+	h, err := normalizeHost(host)
+	if err != nil {
+		return false
+	}
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for _, a := range v.attach[agent] {
+		if e := v.secrets[a.Secret]; e != nil && e.rule.coversHost(h) {
+			return true
+		}
+	}
+	return false
+}

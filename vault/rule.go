@@ -140,14 +140,23 @@ func (c *compiledRule) render(value string) (string, error) {
 	return out, nil
 }
 
+// coversHost reports whether the rule names host (normalised).
+func (c *compiledRule) coversHost(h string) bool {
+	if c.exact[h] {
+		return true
+	}
+	for _, s := range c.suffixes {
+		if strings.HasSuffix(h, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // matches reports whether the rule covers a request to host (normalised)
 // and path.
 func (c *compiledRule) matches(h, path string) bool {
-	ok := c.exact[h]
-	for _, s := range c.suffixes {
-		ok = ok || strings.HasSuffix(h, s)
-	}
-	if !ok {
+	if !c.coversHost(h) {
 		return false
 	}
 	if len(c.Paths) == 0 {

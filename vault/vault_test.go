@@ -559,3 +559,17 @@ func TestFillBodyPlaceholderReplace(t *testing.T) {
 		t.Fatal("replaced a missing secret")
 	}
 }
+
+func TestCovers(t *testing.T) {
+	v, _ := newVault(t)
+	v.Set(Secret{Name: "gh", Rule: Rule{Hosts: []string{"api.github.com", "*.githubusercontent.com"}, Header: "Authorization", Paths: []string{"/repos"}}}, []byte("t"))
+	v.Attach("a1", "gh", "GH")
+	for host, want := range map[string]bool{"api.github.com": true, "API.GitHub.com.": true, "raw.githubusercontent.com": true, "githubusercontent.com": false, "github.com": false, "": false} {
+		if got := v.Covers("a1", host); got != want {
+			t.Errorf("Covers(a1, %q) = %v, want %v", host, got, want)
+		}
+	}
+	if v.Covers("a2", "api.github.com") {
+		t.Error("an agent without the attachment is covered")
+	}
+}

@@ -1,0 +1,44 @@
+# The two commands of the README, and the dev stack of the seed's
+# milestone check. Run as root on Linux.
+GO  ?= go
+BIN := bin/agenthold
+
+.PHONY: demo test deps build dev dev-down e2e
+
+# What the demo and the tests use from Debian, installed only if missing.
+deps:
+	@missing=""; \
+	for c in curl git nft ip nsenter; do command -v $$c >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			curl git nftables iproute2 util-linux ca-certificates >/dev/null; \
+	fi
+
+build:
+	$(GO) build -o $(BIN) ./examples/agenthold
+
+# The main job: the agenthold demo on a world of namespaces it builds.
+demo: deps build
+	./$(BIN) demo
+
+# Every test: the unit and kernel tests, then the end-to-end check
+# against a dev stack.
+test: deps
+	$(GO) test -race -timeout 30m ./...
+	$(MAKE) e2e
+
+# The seed's milestone check: start the dev stack, check it, stop it.
+e2e: build
+	$(MAKE) dev
+	scripts/e2e/egress.sh; status=$$?; $(MAKE) dev-down; exit $$status
+
+# The dev stack: the demo's world and server, left running.
+dev: build
+	@./$(BIN) demo --down >/dev/null
+	@nohup ./$(BIN) demo --keep >/tmp/agenthold-dev.log 2>&1 &
+	@for i in $$(seq 1 300); do [ -f /run/agenthold-dev/state.json ] && break; sleep 0.1; done; \
+	if [ -f /run/agenthold-dev/state.json ]; then echo "dev stack up (log: /tmp/agenthold-dev.log)"; \
+	else echo "dev stack did not come up:"; cat /tmp/agenthold-dev.log; exit 1; fi
+
+dev-down: build
+	./$(BIN) demo --down

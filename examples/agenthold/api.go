@@ -1,0 +1,365 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/vault"
+)
+
+// AgentInfo is an agent as the admin API shows it.
+type AgentInfo struct {
+	Name     string     `json:"name"`
+	Policy   PolicySpec `json:"policy"`
+	NetNS    string     `json:"netns"`
+	Sandbox4 string     `json:"sandbox_ipv4"`
+	Sandbox6 string     `json:"sandbox_ipv6"`
+	Gateway4 string     `json:"gateway_ipv4"`
+	Secrets  []string   `json:"secrets,omitempty"`
+}
+
+// SecretPut is the body of PUT /v1/secrets/{name}.
+type SecretPut struct {
+	Preset string      `json:"preset,omitempty"`
+	Rule   *vault.Rule `json:"rule,omitempty"`
+	Owner  string      `json:"owner,omitempty"`
+	Value  string      `json:"value"` // write-only: never returned
+}
+
+// AttachRequest is the body of POST /v1/agents/{name}/secrets.
+type AttachRequest struct {
+	Secret string `json:"secret"`
+	Env    string `json:"env"`
+}
+
+// ExecInfo is what `agenthold exec` needs to run a command in a sandbox.
+type ExecInfo struct {
+	NetNS string   `json:"netns"`
+	Env   []string `json:"env"`
+}
+
+// startAdmin serves the admin API on a unix socket of mode 0600, and
+// /metrics on MetricsAddr if set.
+func (s *server) startAdmin() error {
+	path := s.cfg.adminSocket()
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return err
+	}
+	s.admin = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	go s.admin.Serve(ln)
+	if s.cfg.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", s.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics_addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /metrics", s.metrics)
+		go (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(mln)
+	}
+	return nil
+}
+
+func (s *server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]bool{"ok": true}) })
+	mux.HandleFunc("GET /v1/agents", s.listAgents)
+	mux.HandleFunc("POST /v1/agents", s.createAgent)
+	mux.HandleFunc("DELETE /v1/agents/{name}", s.deleteAgent)
+	mux.HandleFunc("GET /v1/agents/{name}/policy", s.getPolicy)
+	mux.HandleFunc("PUT /v1/agents/{name}/policy", s.putPolicy)
+	mux.HandleFunc("GET /v1/agents/{name}/exec", s.execInfo)
+	mux.HandleFunc("POST /v1/agents/{name}/secrets", s.attachSecret)
+	mux.HandleFunc("DELETE /v1/agents/{name}/secrets/{secret}", s.detachSecret)
+	mux.HandleFunc("GET /v1/secrets", s.listSecrets)
+	mux.HandleFunc("PUT /v1/secrets/{name}", s.putSecret)
+	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
+	mux.HandleFunc("GET /v1/presets", s.listPresets)
+	mux.HandleFunc("GET /v1/log", s.readLog)
+	mux.HandleFunc("GET /metrics", s.metrics)
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// decode reads a JSON body, refusing unknown fields.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("bad request body: %w", err)
+	}
+	return nil
+}
+
+func (s *server) info(a *agent) AgentInfo {
+	var secrets []string
+	for _, at := range s.vault.Attachments(a.spec.Name) {
+		secrets = append(secrets, at.Secret+" as $"+at.Env)
+	}
+	return AgentInfo{Name: a.spec.Name, Policy: a.spec.Policy, NetNS: a.ns.Name, Sandbox4: a.sb4.String(), Sandbox6: a.sb6.String(), Gateway4: a.gw4.String(), Secrets: secrets}
+}
+
+func (s *server) listAgents(w http.ResponseWriter, _ *http.Request) {
+	out := []AgentInfo{}
+	for _, a := range s.agents.list() {
+		out = append(out, s.info(a))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) createAgent(w http.ResponseWriter, r *http.Request) {
+	var spec AgentSpec
+	if err := decode(r, &spec); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	spec.Index = -1 // allocated by the server
+	a, err := s.addAgent(r.Context(), spec)
+	if err != nil {
+		status := http.StatusBadRequest
+		if strings.Contains(err.Error(), "exists") {
+			status = http.StatusConflict
+		}
+		writeError(w, status, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.info(a))
+}
+
+func (s *server) deleteAgent(w http.ResponseWriter, r *http.Request) {
+	if err := s.removeAgent(r.PathValue("name")); err != nil {
+		writeError(w, http.StatusNotFound, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) getPolicy(w http.ResponseWriter, r *http.Request) {
+	a := s.agents.get(r.PathValue("name"))
+	if a == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no agent %q", r.PathValue("name")))
+		return
+	}
+	s.agents.mu.RLock()
+	p := a.spec.Policy
+	s.agents.mu.RUnlock()
+	writeJSON(w, http.StatusOK, p)
+}
+
+func (s *server) putPolicy(w http.ResponseWriter, r *http.Request) {
+	var p PolicySpec
+	if err := decode(r, &p); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	if err := s.setPolicy(r.PathValue("name"), p); err != nil {
+		status := http.StatusBadRequest
+		if strings.HasPrefix(err.Error(), "no agent") {
+			status = http.StatusNotFound
+		}
+		writeError(w, status, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) execInfo(w http.ResponseWriter, r *http.Request) {
+	a := s.agents.get(r.PathValue("name"))
+	if a == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no agent %q", r.PathValue("name")))
+		return
+	}
+	writeJSON(w, http.StatusOK, ExecInfo{NetNS: a.ns.Name, Env: s.sandboxEnv(a)})
+}
+
+func (s *server) attachSecret(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if s.agents.get(name) == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no agent %q", name))
+		return
+	}
+	var req AttachRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	a, err := s.vault.Attach(name, req.Secret, req.Env)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"agent": a.Agent, "secret": a.Secret, "env": a.Env})
+}
+
+func (s *server) detachSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.vault.Detach(r.PathValue("name"), r.PathValue("secret")); err != nil {
+		writeError(w, http.StatusNotFound, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) listSecrets(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.vault.List())
+}
+
+func (s *server) putSecret(w http.ResponseWriter, r *http.Request) {
+	var req SecretPut
+	if err := decode(r, &req); err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	var rule vault.Rule
+	switch {
+	case req.Preset != "" && req.Rule != nil:
+		writeError(w, http.StatusBadRequest, errors.New("give a preset or a rule, not both"))
+		return
+	case req.Preset != "":
+		var ok bool
+		if rule, ok = vault.Preset(req.Preset); !ok {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("no preset %q (have %s)", req.Preset, strings.Join(vault.PresetNames(), ", ")))
+			return
+		}
+	case req.Rule != nil:
+		rule = *req.Rule
+	default:
+		writeError(w, http.StatusBadRequest, errors.New("a secret needs a preset or a rule"))
+		return
+	}
+	value := []byte(req.Value)
+	err := s.vault.Set(vault.Secret{Name: r.PathValue("name"), Owner: req.Owner, Rule: rule}, value)
+	clear(value)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) deleteSecret(w http.ResponseWriter, r *http.Request) {
+	if err := s.vault.Delete(r.PathValue("name")); err != nil {
+		writeError(w, http.StatusNotFound, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *server) listPresets(w http.ResponseWriter, _ *http.Request) {
+	out := map[string]vault.Rule{}
+	for _, n := range vault.PresetNames() {
+		out[n], _ = vault.Preset(n)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// readLog answers with JSON lines: the newest records that match, then,
+// with follow=1, new ones as they come.
+func (s *server) readLog(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := egresslog.Filter{Agent: q.Get("agent"), Kind: egresslog.Kind(q.Get("kind")), DeniedOnly: q.Get("denied") == "1"}
+	if since := q.Get("since"); since != "" {
+		if d, err := time.ParseDuration(since); err == nil {
+			f.Since = time.Now().Add(-d)
+		} else if t, err := time.Parse(time.RFC3339, since); err == nil {
+			f.Since = t
+		} else {
+			writeError(w, http.StatusBadRequest, fmt.Errorf("since: %q is neither a duration nor an RFC 3339 time", since))
+			return
+		}
+	}
+	limit, _ := strconv.Atoi(q.Get("limit"))
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	var follower *egresslog.Follower
+	if q.Get("follow") == "1" {
+		follower = s.elog.Follow(r.Context(), f, 0)
+		defer follower.Close()
+	}
+	var buf []byte
+	for _, rec := range s.elog.List(f, limit) {
+		buf = append(rec.AppendJSON(buf[:0]), '\n')
+		w.Write(buf)
+	}
+	if follower == nil {
+		return
+	}
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	for rec := range follower.C {
+		buf = append(rec.AppendJSON(buf[:0]), '\n')
+		if _, err := w.Write(buf); err != nil {
+			return
+		}
+		rc.Flush()
+	}
+}
+
+// metrics serves the counters in the Prometheus text format.
+func (s *server) metrics(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	stats := s.elog.Stats()
+	agents := make([]string, 0, len(stats))
+	for a := range stats {
+		agents = append(agents, a)
+	}
+	sort.Strings(agents)
+	family := func(name, kind, help string) { fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, kind) }
+	family("agenthold_egress_records_total", "counter", "DNS queries, connections and HTTP requests recorded.")
+	for _, a := range agents {
+		fmt.Fprintf(w, "agenthold_egress_records_total{agent=%s} %d\n", label(a), stats[a].Records)
+	}
+	family("agenthold_egress_denied_total", "counter", "Denied DNS queries, connections and requests, by reason.")
+	for _, a := range agents {
+		reasons := make([]string, 0, len(stats[a].DeniedByReason))
+		for r := range stats[a].DeniedByReason {
+			reasons = append(reasons, r)
+		}
+		sort.Strings(reasons)
+		for _, r := range reasons {
+			fmt.Fprintf(w, "agenthold_egress_denied_total{agent=%s,reason=%s} %d\n", label(a), label(r), stats[a].DeniedByReason[r])
+		}
+	}
+	family("agenthold_egress_injected_total", "counter", "Requests that carried an injected secret.")
+	for _, a := range agents {
+		fmt.Fprintf(w, "agenthold_egress_injected_total{agent=%s} %d\n", label(a), stats[a].Injected)
+	}
+	family("agenthold_egress_bytes_total", "counter", "Bytes moved for agents, by direction.")
+	for _, a := range agents {
+		fmt.Fprintf(w, "agenthold_egress_bytes_total{agent=%s,direction=\"up\"} %d\n", label(a), stats[a].BytesUp)
+		fmt.Fprintf(w, "agenthold_egress_bytes_total{agent=%s,direction=\"down\"} %d\n", label(a), stats[a].Bytes)
+	}
+	family("agenthold_agents", "gauge", "Agents with a network.")
+	fmt.Fprintf(w, "agenthold_agents %d\n", len(s.agents.list()))
+	dropped, failed := s.elog.SinkStats()
+	family("agenthold_egress_log_sink_dropped_total", "counter", "Records the log sinks missed.")
+	fmt.Fprintf(w, "agenthold_egress_log_sink_dropped_total %d\n", dropped+failed)
+}
+
+// label quotes a Prometheus label value.
+func label(v string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) + `"`
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is agenthold's configuration file. The egress and secrets keys
+// are the seed's, exactly; the rest is what a gateway needs besides.
+// agenthold.example.yaml documents every key and its default.
+type Config struct {
+	DataDir     string        `yaml:"data_dir"`
+	AdminSocket string        `yaml:"admin_socket"`
+	MetricsAddr string        `yaml:"metrics_addr"`
+	Egress      EgressConfig  `yaml:"egress"`
+	Secrets     SecretsConfig `yaml:"secrets"`
+	Network     NetworkConfig `yaml:"network"`
+}
+
+// EgressConfig is the seed's egress section, plus netguard's prefixes,
+// extra upstream roots and token refresh endpoints.
+type EgressConfig struct {
+	Disabled       bool            `yaml:"disabled"`
+	ProxyPort      uint16          `yaml:"proxy_port"`
+	ExplicitPort   uint16          `yaml:"explicit_port"`
+	DNSPort        uint16          `yaml:"dns_port"`
+	DNSUpstream    string          `yaml:"dns_upstream"`
+	LogKeep        int             `yaml:"log_keep"`
+	TunnelPort     uint16          `yaml:"tunnel_port"`
+	PublicPrefixes []string        `yaml:"public_prefixes"`
+	NeverPrefixes  []string        `yaml:"never_prefixes"`
+	UpstreamRoots  string          `yaml:"upstream_roots"`
+	TokenRefresh   []RefreshConfig `yaml:"token_refresh"`
+}
+
+// RefreshConfig names an OAuth token endpoint the gateway answers itself.
+type RefreshConfig struct {
+	Host          string `yaml:"host"`
+	Path          string `yaml:"path"`
+	RefreshSecret string `yaml:"refresh_secret"`
+	AccessSecret  string `yaml:"access_secret"`
+}
+
+// SecretsConfig is the seed's secrets section.
+type SecretsConfig struct {
+	MasterKeyFile string `yaml:"master_key_file"`
+}
+
+// NetworkConfig is the address pool of agent networks: one /24 (and one
+// IPv6 /64) per agent, the gateway at .2 and the sandbox at .10.
+type NetworkConfig struct {
+	Pool4 string `yaml:"pool4"`
+	Pool6 string `yaml:"pool6"`
+}
+
+// masterKeyEnv is the environment variable that may hold the master key.
+const masterKeyEnv = "AGENTHOLD_MASTER_KEY"
+
+func defaultConfig() Config {
+	return Config{
+		DataDir: "/var/lib/agenthold",
+		Egress: EgressConfig{
+			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, LogKeep: 5000, TunnelPort: 15022,
+		},
+		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
+	}
+}
+
+// loadConfig reads a YAML configuration over the defaults. An unknown key
+// or a bad value is an error that names the key.
+func loadConfig(path string) (Config, error) {
+	cfg := defaultConfig()
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return cfg, fmt.Errorf("config: %w", err)
+		}
+		var root yaml.Node
+		if err := yaml.Unmarshal(data, &root); err != nil {
+			return cfg, fmt.Errorf("config %s: %w", path, err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+			return cfg, fmt.Errorf("config %s: %s", path, nameKeys(err, &root))
+		}
+	}
+	return cfg, cfg.validate()
+}
+
+var yamlLine = regexp.MustCompile(`line (\d+): `)
+
+// nameKeys rewrites the YAML decoder's "line N: ..." messages to name the
+// key at that line ("egress.proxy_port: ...").
+func nameKeys(err error, root *yaml.Node) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err.Error()
+	}
+	msgs := make([]string, 0, len(te.Errors))
+	for _, m := range te.Errors {
+		if sub := yamlLine.FindStringSubmatch(m); sub != nil {
+			line, _ := strconv.Atoi(sub[1])
+			if key := keyAtLine(root, line, ""); key != "" {
+				m = key + ": " + strings.TrimPrefix(m, sub[0])
+			}
+		}
+		msgs = append(msgs, m)
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// keyAtLine finds the dotted path of the mapping key on a line.
+func keyAtLine(n *yaml.Node, line int, prefix string) string {
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := prefix
+			if n.Kind == yaml.SequenceNode {
+				p = fmt.Sprintf("%s[%d]", prefix, i)
+			}
+			if k := keyAtLine(c, line, p); k != "" {
+				return k
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key, val := n.Content[i], n.Content[i+1]
+			path := key.Value
+			if prefix != "" {
+				path = prefix + "." + key.Value
+			}
+			if key.Line == line {
+				return path
+			}
+			if k := keyAtLine(val, line, path); k != "" {
+				return k
+			}
+		}
+	}
+	return ""
+}
+
+func (c *Config) validate() error {
+	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
+		return fmt.Errorf("config: data_dir must be an absolute path, not %q", c.DataDir)
+	}
+	ports := map[string]uint16{"egress.proxy_port": c.Egress.ProxyPort, "egress.explicit_port": c.Egress.ExplicitPort, "egress.dns_port": c.Egress.DNSPort, "egress.tunnel_port": c.Egress.TunnelPort}
+	seen := map[uint16]string{}
+	for key, p := range ports {
+		if p == 0 {
+			return fmt.Errorf("config: %s must be a port in 1-65535", key)
+		}
+		if other, ok := seen[p]; ok {
+			return fmt.Errorf("config: %s and %s are both %d", key, other, p)
+		}
+		seen[p] = key
+	}
+	if c.Egress.LogKeep <= 0 {
+		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)
+	}
+	for key, list := range map[string][]string{"egress.public_prefixes": c.Egress.PublicPrefixes, "egress.never_prefixes": c.Egress.NeverPrefixes} {
+		for _, p := range list {
+			if _, err := netip.ParsePrefix(p); err != nil {
+				return fmt.Errorf("config: %s: %q is not a prefix", key, p)
+			}
+		}
+	}
+	if c.Egress.DNSUpstream != "" {
+		if _, err := netip.ParseAddrPort(c.Egress.DNSUpstream); err != nil {
+			if _, err := netip.ParseAddr(c.Egress.DNSUpstream); err != nil {
+				return fmt.Errorf("config: egress.dns_upstream: %q is not an address or address:port", c.Egress.DNSUpstream)
+			}
+		}
+	}
+	p4, err := netip.ParsePrefix(c.Network.Pool4)
+	if err != nil || !p4.Addr().Is4() || p4.Bits() > 23 {
+		return fmt.Errorf("config: network.pool4: %q is not an IPv4 prefix of /23 or wider", c.Network.Pool4)
+	}
+	p6, err := netip.ParsePrefix(c.Network.Pool6)
+	if err != nil || !p6.Addr().Is6() || p6.Bits() > 56 {
+		return fmt.Errorf("config: network.pool6: %q is not an IPv6 prefix of /56 or wider", c.Network.Pool6)
+	}
+	for i, r := range c.Egress.TokenRefresh {
+		if r.Host == "" || !strings.HasPrefix(r.Path, "/") || r.RefreshSecret == "" {
+			return fmt.Errorf("config: egress.token_refresh[%d] needs host, path (starting with /) and refresh_secret", i)
+		}
+	}
+	return nil
+}
+
+func (c *Config) adminSocket() string {
+	if c.AdminSocket != "" {
+		return c.AdminSocket
+	}
+	return filepath.Join(c.DataDir, "admin.sock")
+}
+
+func (c *Config) masterKeyFile() string {
+	if c.Secrets.MasterKeyFile != "" {
+		return c.Secrets.MasterKeyFile
+	}
+	return filepath.Join(c.DataDir, "master.key")
+}
+
+// dnsUpstreams is the DNS upstream as a list, or nil for resolv.conf.
+func (c *Config) dnsUpstreams() []string {
+	u := c.Egress.DNSUpstream
+	if u == "" {
+		return nil
+	}
+	if _, err := netip.ParseAddrPort(u); err == nil {
+		return []string{u}
+	}
+	return []string{netip.AddrPortFrom(netip.MustParseAddr(u), 53).String()}
+}

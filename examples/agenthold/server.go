@@ -1,0 +1,370 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/agenthold/egress/dnsfilter"
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/mitm"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/tproxy"
+	"github.com/agenthold/egress/vault"
+)
+
+// server is agenthold's egress gateway: every building block, composed.
+type server struct {
+	cfg    Config
+	log    *slog.Logger
+	pool4  netip.Prefix
+	pool6  netip.Prefix
+	agents *agents
+	vault  *vault.Vault
+	ca     *mitm.CA
+	guard  *netguard.Guard
+	elog   *egresslog.Log
+	dns    *dnsfilter.Server
+	proxy  *tproxy.Proxy
+	ic     *mitm.Interceptor
+	rules  *tproxy.Rules
+	admin  *http.Server
+	lock   *os.File
+
+	mu sync.Mutex // serialises agent changes
+}
+
+// Paths of the files a sandbox needs to trust the interception CA.
+func (s *server) caPath() string     { return filepath.Join(s.cfg.DataDir, "egress", "ca.crt") }
+func (s *server) bundlePath() string { return filepath.Join(s.cfg.DataDir, "egress", "bundle.pem") }
+
+// startServer brings the gateway up: state, vault, CA, DNS, proxies,
+// rules, agents, admin API. On any error what was started is stopped.
+func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *server, err error) {
+	s = &server{cfg: cfg, log: logger}
+	s.pool4 = netip.MustParsePrefix(cfg.Network.Pool4)
+	s.pool6 = netip.MustParsePrefix(cfg.Network.Pool6)
+	defer func() {
+		if err != nil {
+			s.stop(context.Background())
+		}
+	}()
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return s, err
+	}
+	if s.lock, err = lockDataDir(cfg.DataDir); err != nil {
+		return s, err
+	}
+	if err := s.openVault(); err != nil {
+		return s, err
+	}
+	if err := s.openCA(); err != nil {
+		return s, err
+	}
+	if err := s.openGuard(); err != nil {
+		return s, err
+	}
+	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep}
+	s.agents = newAgents(cfg.DataDir)
+
+	if err := s.startDataPlane(); err != nil {
+		return s, err
+	}
+	specs, err := s.agents.load()
+	if err != nil {
+		return s, fmt.Errorf("agents: %w", err)
+	}
+	for _, spec := range specs {
+		if _, err := s.addAgent(ctx, spec); err != nil {
+			return s, fmt.Errorf("agent %s: %w", spec.Name, err)
+		}
+	}
+	if err := s.startAdmin(); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// lockDataDir takes an exclusive lock on the data directory, so that a
+// second server on it refuses to start.
+func lockDataDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "agenthold.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("another agenthold is running on %s", dir)
+	}
+	return f, nil
+}
+
+func (s *server) openVault() error {
+	key, err := vault.KeyFromEnv(masterKeyEnv)
+	if errors.Is(err, os.ErrNotExist) {
+		key, err = vault.LoadKeyFile(s.cfg.masterKeyFile())
+	}
+	if err != nil {
+		return err
+	}
+	s.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}, key, vault.Options{PlaceholderPrefix: "agenthold"})
+	return err
+}
+
+func (s *server) openCA() error {
+	ca, err := mitm.LoadOrCreateCA(s.caPath(), filepath.Join(s.cfg.DataDir, "egress", "ca.key"), "agenthold egress CA")
+	if err != nil {
+		return err
+	}
+	s.ca = ca
+	bundle, err := ca.Bundle()
+	if err != nil {
+		return err
+	}
+	if s.cfg.Egress.UpstreamRoots != "" {
+		extra, err := os.ReadFile(s.cfg.Egress.UpstreamRoots)
+		if err != nil {
+			return fmt.Errorf("egress.upstream_roots: %w", err)
+		}
+		bundle = append(append(extra, '\n'), bundle...)
+	}
+	return os.WriteFile(s.bundlePath(), bundle, 0o644)
+}
+
+func (s *server) openGuard() error {
+	// Sandboxes never reach one another through the gateway, whatever
+	// the pools are and whatever an operator declares public.
+	cfg := netguard.Config{Never: []netip.Prefix{s.pool4, s.pool6}}
+	for _, p := range s.cfg.Egress.PublicPrefixes {
+		cfg.Public = append(cfg.Public, netip.MustParsePrefix(p))
+	}
+	for _, p := range s.cfg.Egress.NeverPrefixes {
+		cfg.Never = append(cfg.Never, netip.MustParsePrefix(p))
+	}
+	g, err := netguard.New(cfg)
+	if err != nil {
+		return err
+	}
+	s.guard = g
+	return s.refreshOwnAddrs()
+}
+
+// refreshOwnAddrs tells netguard the gateway's own addresses, which are
+// never dialled.
+func (s *server) refreshOwnAddrs() error {
+	own, err := netguard.LocalPrefixes()
+	if err != nil {
+		return err
+	}
+	s.guard.SetOwn(own)
+	return nil
+}
+
+// startDataPlane starts DNS, the proxies and the nftables rules.
+func (s *server) startDataPlane() error {
+	var roots *x509.CertPool
+	if s.cfg.Egress.UpstreamRoots != "" {
+		var err error
+		if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool()
+		}
+		pem, err := os.ReadFile(s.cfg.Egress.UpstreamRoots)
+		if err != nil || !roots.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("egress.upstream_roots: no certificate in %s", s.cfg.Egress.UpstreamRoots)
+		}
+	}
+	s.dns = &dnsfilter.Server{
+		Agents: s.agents.lookup, Upstreams: s.cfg.dnsUpstreams(), Guard: s.guard, Log: s.elog, Logger: s.log,
+	}
+	s.ic = &mitm.Interceptor{
+		Leaves: &mitm.Leaves{CA: s.ca}, Claim: s.vault.Covers, Injector: s.vault,
+		Guard: s.guard, Resolver: s.dns, RootCAs: roots, Log: s.elog,
+	}
+	for _, r := range s.cfg.Egress.TokenRefresh {
+		x := &mitm.RefreshExchange{Host: r.Host, Path: r.Path, RefreshSecret: r.RefreshSecret, AccessSecret: r.AccessSecret, Store: s.vault, Client: s.ic.Client(false)}
+		s.ic.Hooks = append(s.ic.Hooks, x.Hook())
+	}
+	s.proxy = &tproxy.Proxy{
+		Agents: s.agents.lookup, Names: s.dns.Names, Guard: s.guard, Resolver: s.dns,
+		Interceptor: s.ic, Log: s.elog, Logger: s.log,
+	}
+	port := func(p uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(p))) }
+	dnsLn, err := net.Listen("tcp", port(s.cfg.Egress.DNSPort))
+	if err != nil {
+		return err
+	}
+	dnsPC, err := net.ListenPacket("udp", port(s.cfg.Egress.DNSPort))
+	if err != nil {
+		dnsLn.Close()
+		return err
+	}
+	go s.dns.Serve(dnsPC, dnsLn)
+	transparent, err := tproxy.Listen("tcp", port(s.cfg.Egress.ProxyPort))
+	if err != nil {
+		return err
+	}
+	go s.proxy.Serve(transparent)
+	explicit, err := tproxy.Listen("tcp", port(s.cfg.Egress.ExplicitPort))
+	if err != nil {
+		return err
+	}
+	go s.proxy.ServeExplicit(explicit)
+	s.rules, err = tproxy.GatewayRules{
+		Table: "agenthold", DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
+		OpenPorts: []uint16{s.cfg.Egress.ExplicitPort, s.cfg.Egress.TunnelPort}, NoNetwork: s.cfg.Egress.Disabled,
+	}.Apply()
+	if err != nil {
+		return fmt.Errorf("nftables (agenthold needs CAP_NET_ADMIN): %w", err)
+	}
+	return nil
+}
+
+// addAgent wires an agent's network and registers it.
+func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
+	if !validAgentName.MatchString(spec.Name) {
+		return nil, fmt.Errorf("invalid agent name %q (lower-case letters, digits and -, at most 32)", spec.Name)
+	}
+	pol, err := spec.Policy.compile()
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.agents.get(spec.Name) != nil {
+		return nil, fmt.Errorf("agent %q exists", spec.Name)
+	}
+	// Keep a persisted index, so that a sandbox's addresses survive a
+	// restart; otherwise take the lowest free one.
+	limit := poolSize(s.pool4, s.pool6)
+	s.agents.mu.RLock()
+	if !s.agents.indexFree(spec.Index, limit) {
+		spec.Index, err = s.agents.freeIndex(limit)
+	}
+	s.agents.mu.RUnlock()
+	if err != nil {
+		return nil, err
+	}
+	index := spec.Index
+	a := &agent{spec: spec}
+	a.policy.Store(pol)
+	a.gw4, a.sb4, a.gw6, a.sb6 = networkAddrs(s.pool4, s.pool6, index)
+	if err := wire(ctx, s.cfg.DataDir, a); err != nil {
+		return nil, err
+	}
+	if err := s.rules.AddInterface(a.gwIface); err != nil {
+		unwire(a)
+		return nil, err
+	}
+	s.agents.mu.Lock()
+	s.agents.byID[spec.Name] = a
+	s.agents.src[a.sb4], s.agents.src[a.sb6] = a, a
+	err = s.agents.save()
+	s.agents.mu.Unlock()
+	s.refreshOwnAddrs()
+	s.log.Info("agent up", "agent", spec.Name, "netns", a.ns.Name, "sandbox", a.sb4, "gateway", a.gw4)
+	return a, err
+}
+
+// removeAgent tears an agent's network down and forgets it.
+func (s *server) removeAgent(name string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.agents.get(name)
+	if a == nil {
+		return fmt.Errorf("no agent %q", name)
+	}
+	s.agents.mu.Lock()
+	delete(s.agents.byID, name)
+	delete(s.agents.src, a.sb4)
+	delete(s.agents.src, a.sb6)
+	err := s.agents.save()
+	s.agents.mu.Unlock()
+	if s.rules != nil {
+		s.rules.RemoveInterface(a.gwIface)
+	}
+	unwire(a)
+	s.dns.ForgetAgent(name)
+	for _, at := range s.vault.Attachments(name) {
+		s.vault.Detach(name, at.Secret)
+	}
+	return err
+}
+
+// setPolicy replaces an agent's policy; new connections and DNS queries
+// use it at once.
+func (s *server) setPolicy(name string, spec PolicySpec) error {
+	pol, err := spec.compile()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.agents.get(name)
+	if a == nil {
+		return fmt.Errorf("no agent %q", name)
+	}
+	a.policy.Store(pol)
+	s.agents.mu.Lock()
+	a.spec.Policy = spec
+	err = s.agents.save()
+	s.agents.mu.Unlock()
+	return err
+}
+
+// stop drains, then removes every namespace, link and table it made.
+func (s *server) stop(ctx context.Context) {
+	if s.admin != nil {
+		s.admin.Shutdown(ctx)
+	}
+	if s.proxy != nil {
+		s.proxy.Shutdown(ctx)
+	}
+	if s.dns != nil {
+		s.dns.Shutdown(ctx)
+	}
+	if s.ic != nil {
+		s.ic.Close()
+	}
+	if s.agents != nil {
+		for _, a := range s.agents.list() {
+			unwire(a)
+		}
+	}
+	if s.rules != nil {
+		s.rules.Close()
+	}
+	if s.elog != nil {
+		s.elog.Close(ctx)
+	}
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	os.Remove(s.cfg.adminSocket())
+}
+
+// sandboxEnv is the environment a sandbox runs with: its placeholders,
+// the explicit proxy as a hint, and the CA variables.
+func (s *server) sandboxEnv(a *agent) []string {
+	proxy := "http://" + net.JoinHostPort(a.gw4.String(), strconv.Itoa(int(s.cfg.Egress.ExplicitPort)))
+	env := []string{"HTTPS_PROXY=" + proxy, "HTTP_PROXY=" + proxy, "https_proxy=" + proxy, "http_proxy=" + proxy, "NO_PROXY=localhost,127.0.0.1", "no_proxy=localhost,127.0.0.1"}
+	env = append(env, mitm.Env(s.bundlePath(), s.caPath())...)
+	for _, at := range s.vault.Attachments(a.spec.Name) {
+		env = append(env, at.Env+"="+at.Placeholder)
+	}
+	return env
+}
+
+// waitSignal is how long stop may take on SIGTERM.
+const drainTimeout = 10 * time.Second

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# End-to-end checks of egress and secrets against a running dev stack
+# (make dev): real clients in the sandboxes, through the gateway. Exits
+# non-zero if any check fails, and prints the figures it measured.
+set -uo pipefail
+
+state=/run/agenthold-dev/state.json
+[ -f "$state" ] || { echo "no dev stack: run 'make dev' first"; exit 2; }
+field() { sed -n "s/.*\"$1\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" "$state"; }
+AH=$(field binary)
+export AGENTHOLD_SOCKET=$(field socket)
+# The fake internet's credentials (demo constants, not real secrets):
+anthropic_key=sk-ant-demo-9b1f0c3e7a5d2468
+github_token=ghp_demo_4c2e8a6f0b1d3957e7a9
+
+pass=0; fail=0
+check() { # check NAME COMMAND...: the command's success is the check
+	local name=$1; shift
+	if out=$("$@" 2>&1); then
+		pass=$((pass + 1)); printf 'PASS  %s\n' "$name"
+	else
+		fail=$((fail + 1)); printf 'FAIL  %s\n      %s\n' "$name" "$(printf '%s' "$out" | head -3)"
+	fi
+}
+in_sandbox() { "$AH" exec "$1" -- sh -c "$2"; }
+expect() { # expect AGENT SCRIPT PATTERN: the output matches
+	local out; out=$(in_sandbox "$1" "$2" 2>&1) || return 1
+	grep -qE -- "$3" <<<"$out" || { echo "$out"; return 1; }
+}
+refuse() { # refuse AGENT SCRIPT: the command fails
+	! in_sandbox "$1" "$2" >/dev/null 2>&1
+}
+
+start=$(date +%s.%N)
+check "both agents exist"                     bash -c "'$AH' agent list | grep -q '^alice' && '$AH' agent list | grep -q '^bob'"
+check "the sandbox holds a placeholder"       expect alice 'echo "$ANTHROPIC_API_KEY"' '^agenthold-placeholder-[0-9a-f]{32}$'
+check "injected key, streamed answer"         expect alice 'curl -sSN https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -d {}' 'message_stop'
+check "same through the transparent proxy"    expect alice "curl -sSN --noproxy '*' https://api.anthropic.com/v1/messages -H \"x-api-key: \$ANTHROPIC_API_KEY\" -d {}" 'message_stop'
+check "inject mode sets the key on every call" expect alice "curl -sSN --noproxy '*' https://api.anthropic.com/v1/messages -d {}" 'message_stop'
+check "git clone with an injected token"      expect alice 'd=$(mktemp -d) && git clone -q https://github.com/demo/hello.git $d/h && cat $d/h/README.md; rm -rf $d' 'cloned through agenthold'
+check "wildcard: a subdomain"                 expect alice 'curl -sS https://registry.npmjs.org/x' 'served-by'
+check "wildcard: never the apex"              refuse alice 'curl -sS https://npmjs.org/'
+check "denied name: NXDOMAIN, not forwarded"  refuse alice 'getent hosts evil.example.org'
+check "denied name: refused by address too"   refuse alice "curl -sS --noproxy '*' --resolve evil.example.org:443:198.18.10.6 https://evil.example.org/"
+check "server-first TCP by resolved name"     expect alice "bash -c 'exec 3<>/dev/tcp/ssh.example.net/22; head -1 <&3'" '^SSH-2.0'
+check "placeholder to an unnamed host stays"  expect alice 'curl -sS https://echo.example.com/ -H "Authorization: Bearer $ANTHROPIC_API_KEY"' 'Bearer agenthold-placeholder-'
+check "plain HTTP for bob"                    expect bob 'curl -sS http://www.example.com/' 'Example Domain'
+check "bob has no key"                        expect bob 'echo "[$ANTHROPIC_API_KEY]"' '^\[\]$'
+check "bob is refused the API"                refuse bob 'curl -sS https://api.anthropic.com/'
+
+# A policy change takes effect for the next connection.
+"$AH" policy set bob --mode allowlist --allow www.example.com --allow api.anthropic.com >/dev/null
+check "policy change: now allowed (no key: 401)" expect bob 'curl -sS -o /dev/null -w "%{http_code}" https://api.anthropic.com/v1/messages -d {}' '^401$'
+"$AH" policy set bob --mode allowlist --allow www.example.com >/dev/null
+check "policy change: denied again"           refuse bob 'curl -sS https://api.anthropic.com/'
+
+# The values never show anywhere but in requests to their hosts.
+no_secret() { ! grep -qE -- "$anthropic_key|$github_token" <<<"$("$@" 2>&1)"; }
+check "no value in the log (JSON)"            no_secret "$AH" log --json --limit 0
+check "no value in the log table"             no_secret "$AH" log --limit 0
+check "no value in the metrics"               no_secret "$AH" metrics
+check "no value in the secret list"           no_secret "$AH" secret list --json
+check "no value in the sandbox environment"   no_secret "$AH" exec alice -- env
+check "metrics count alice's records"         bash -c "'$AH' metrics | grep -qE '^agenthold_egress_records_total\\{agent=\"alice\"\\} [1-9]'"
+check "denials are logged with a reason"      bash -c "'$AH' log --json --denied --limit 0 | grep -q '\"reason\":\"no allow entry matches the host\"'"
+elapsed=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
+
+# Figures: median over 20 new connections from a sandbox of the TLS
+# handshake (which curl's loading of the CA bundle dominates) and of the
+# first response byte after it, intercepted and passed through.
+median_ms() { sort -n | awk '{a[NR]=$1} END {printf "%.2f", a[int((NR+1)/2)]*1000}'; }
+timings() { # timings AGENT URL: "handshake first-byte-after-handshake" per line
+	in_sandbox alice "for i in \$(seq 20); do curl -sS -o /dev/null -w '%{time_appconnect} %{time_starttransfer}\n' --noproxy '*' $1; done" |
+		awk '{print $1, $2 - $1}'
+}
+int_t=$(timings "https://api.anthropic.com/v1/models")
+pass_t=$(timings "https://registry.npmjs.org/x")
+
+echo
+echo "checks: $pass passed, $fail failed, in ${elapsed}s"
+echo "figures (median of 20 new connections from a sandbox):"
+echo "  passed through: TLS handshake $(cut -d' ' -f1 <<<"$pass_t" | median_ms) ms, then first byte $(cut -d' ' -f2 <<<"$pass_t" | median_ms) ms"
+echo "  intercepted:    TLS handshake $(cut -d' ' -f1 <<<"$int_t" | median_ms) ms, then first byte $(cut -d' ' -f2 <<<"$int_t" | median_ms) ms"
+[ "$fail" -eq 0 ]
