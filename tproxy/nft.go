@@ -273,6 +273,9 @@ func (sc SidecarRules) build(r *Rules) {
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(exempt, &expr.Verdict{Kind: expr.VerdictAccept})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(loopback, &expr.Verdict{Kind: expr.VerdictAccept})})
+	// What the nat chain redirected: the output interface a filter chain
+	// sees is still the one before the redirect, so match the NAT itself.
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: redirected()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: established()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: neighbourDiscovery()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{drop()}})
@@ -398,6 +401,20 @@ func established() []expr.Any {
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
+
+// redirected accepts packets of connections whose destination was
+// rewritten (ct status dnat), that is, redirected to the proxy.
+func redirected() []expr.Any {
+	const ipsDstNAT = 1 << 5 // IPS_DST_NAT in linux/netfilter/nf_conntrack_common.h
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(ipsDstNAT),
 			Xor:  binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Verdict{Kind: expr.VerdictAccept},

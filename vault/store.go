@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -32,7 +33,35 @@ type FileStorage struct {
 	Path string
 }
 
-var _ Storage = FileStorage{}
+var (
+	_ Storage = FileStorage{}
+	_ Storage = (*MemoryStorage)(nil)
+)
+
+// MemoryStorage keeps the vault in memory only: for a vault whose key and
+// values must never touch a disk (a sidecar's, filled from tmpfs).
+type MemoryStorage struct {
+	mu   sync.Mutex
+	data []byte
+}
+
+// Load implements Storage.
+func (m *MemoryStorage) Load() ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.data == nil {
+		return nil, fs.ErrNotExist
+	}
+	return bytes.Clone(m.data), nil
+}
+
+// Save implements Storage.
+func (m *MemoryStorage) Save(data []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.data = bytes.Clone(data)
+	return nil
+}
 
 // Load implements Storage.
 func (s FileStorage) Load() ([]byte, error) {

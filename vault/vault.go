@@ -268,6 +268,41 @@ func (v *Vault) Attach(agent, name, env string) (Attachment, error) {
 	return a, nil
 }
 
+var validPlaceholder = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{15,127}$`)
+
+// AttachPlaceholder is Attach with a placeholder chosen by the caller: a
+// control plane that has already put it in the sandbox's environment. It
+// must be at least 16 characters of letters, digits, '.', '_' and '-', and
+// not used by another attachment of the agent.
+func (v *Vault) AttachPlaceholder(agent, name, env, placeholder string) (Attachment, error) {
+	if !validPlaceholder.MatchString(placeholder) {
+		return Attachment{}, errors.New("vault: a placeholder must be 16 to 128 letters, digits, '.', '_' or '-'")
+	}
+	if agent == "" || !validEnv.MatchString(env) {
+		return Attachment{}, fmt.Errorf("vault: invalid agent or environment variable %q", env)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.secrets[name] == nil {
+		return Attachment{}, fmt.Errorf("vault: no secret %q", name)
+	}
+	list := slices.DeleteFunc(slices.Clone(v.attach[agent]), func(a Attachment) bool { return a.Secret == name })
+	for _, a := range list {
+		if a.Placeholder == placeholder {
+			return Attachment{}, fmt.Errorf("vault: placeholder already used for secret %q", a.Secret)
+		}
+	}
+	a := Attachment{Agent: agent, Secret: name, Env: env, Placeholder: placeholder}
+	list = append(list, a)
+	sortAttachments(list)
+	attach := mapsAttach(v.attach)
+	attach[agent] = list
+	if err := v.commit(v.key, v.secrets, attach); err != nil {
+		return Attachment{}, err
+	}
+	return a, nil
+}
+
 // Detach ends an agent's use of a secret; its placeholder stops working.
 func (v *Vault) Detach(agent, name string) error {
 	v.mu.Lock()

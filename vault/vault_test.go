@@ -573,3 +573,26 @@ func TestCovers(t *testing.T) {
 		t.Error("an agent without the attachment is covered")
 	}
 }
+
+func TestAttachPlaceholderAndMemoryStorage(t *testing.T) {
+	v, err := Open(&MemoryStorage{}, testKey(3), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v.Set(Secret{Name: "k", Rule: Rule{Hosts: []string{"api.example"}, Header: "X-Key"}}, []byte("V"))
+	v.Set(Secret{Name: "j", Rule: Rule{Hosts: []string{"api.example"}, Header: "X-Other"}}, []byte("W"))
+	if _, err := v.AttachPlaceholder("sb", "k", "KEY", "short"); err == nil {
+		t.Fatal("a short placeholder was accepted")
+	}
+	a, err := v.AttachPlaceholder("sb", "k", "KEY", "e2b-placeholder-0123456789abcdef")
+	if err != nil || a.Placeholder != "e2b-placeholder-0123456789abcdef" {
+		t.Fatalf("%+v %v", a, err)
+	}
+	if _, err := v.AttachPlaceholder("sb", "j", "J", "e2b-placeholder-0123456789abcdef"); err == nil {
+		t.Fatal("a placeholder was given to two secrets")
+	}
+	req := newRequest(t, "https://api.example/", http.Header{"Authorization": {"Bearer e2b-placeholder-0123456789abcdef"}})
+	if used, _ := v.Inject("sb", req); len(used) != 1 || req.Header.Get("Authorization") != "Bearer V" || req.Header.Get("X-Key") != "V" {
+		t.Fatalf("inject with a given placeholder: %v %v", used, req.Header)
+	}
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/agenthold/egress/vault"
+)
+
+// Credential is one entry of the credentials file the control plane
+// writes to the sidecar's own tmpfs: already resolved, so the sidecar
+// needs no template engine and never learns the secrets' names.
+//
+//   - hosts: [api.anthropic.com]
+//     header: x-api-key
+//     value: sk-ant-…                      # the header's whole value
+//     placeholder: sbx-placeholder-…       # the decoy in the sandbox's environment
+type Credential struct {
+	Hosts       []string `yaml:"hosts"`
+	Header      string   `yaml:"header"`
+	Value       string   `yaml:"value"`
+	Placeholder string   `yaml:"placeholder"`
+	Paths       []string `yaml:"paths"`
+}
+
+// sandboxAgent is the one agent a sidecar serves.
+const sandboxAgent = "sandbox"
+
+// loadCredentials reads the credentials file into a vault that lives in
+// memory only, sealed under a key that is never written anywhere. An
+// absent file means no credentials; a damaged one is an error.
+func loadCredentials(path string) (*vault.Vault, int, error) {
+	key := make([]byte, vault.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return nil, 0, err
+	}
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Options{PlaceholderPrefix: "sidecar"})
+	clear(key)
+	if err != nil {
+		return nil, 0, err
+	}
+	if path == "" {
+		return v, 0, nil
+	}
+	fi, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return v, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("credentials: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, 0, fmt.Errorf("credentials: %s has mode %v; it must be 0600", path, fi.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("credentials: %w", err)
+	}
+	var creds []Credential
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&creds); err != nil && len(bytes.TrimSpace(data)) > 0 {
+		return nil, 0, fmt.Errorf("credentials %s: %w", path, err)
+	}
+	clear(data)
+	for i, c := range creds {
+		name := "credential-" + strconv.Itoa(i)
+		rule := vault.Rule{Hosts: c.Hosts, Header: c.Header, Template: "{{.Value}}", Paths: c.Paths}
+		if err := v.Set(vault.Secret{Name: name, Rule: rule}, []byte(c.Value)); err != nil {
+			return nil, 0, fmt.Errorf("credentials entry %d: %w", i, err)
+		}
+		if c.Placeholder != "" {
+			if _, err := v.AttachPlaceholder(sandboxAgent, name, "CREDENTIAL_"+strconv.Itoa(i), c.Placeholder); err != nil {
+				return nil, 0, fmt.Errorf("credentials entry %d: %w", i, err)
+			}
+		} else if _, err := v.Attach(sandboxAgent, name, "CREDENTIAL_"+strconv.Itoa(i)); err != nil {
+			return nil, 0, fmt.Errorf("credentials entry %d: %w", i, err)
+		}
+	}
+	return v, len(creds), nil
+}

@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/agenthold/egress/dnsfilter"
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/mitm"
+	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/tproxy"
+)
+
+// ports are the sidecar's ports, shared by rules and serve.
+type ports struct {
+	dns, http, tls, other, health uint16
+	exemptUID                     uint
+}
+
+func (p *ports) flags(fs *flag.FlagSet, withHealth bool) {
+	fs.Func("dns", "DNS port (15053)", portFlag(&p.dns))
+	fs.Func("http", "port for TCP to :80 (15001)", portFlag(&p.http))
+	fs.Func("tls", "port for TCP to :443 (15002)", portFlag(&p.tls))
+	fs.Func("other", "port for other TCP (15003)", portFlag(&p.other))
+	if withHealth {
+		fs.Func("health", "health port (15004)", portFlag(&p.health))
+	}
+	fs.UintVar(&p.exemptUID, "exempt-uid", 1337, "the sidecar's uid, exempt from the redirect")
+}
+
+func defaultPorts() ports {
+	return ports{dns: 15053, http: 15001, tls: 15002, other: 15003, health: 15004, exemptUID: 1337}
+}
+
+func portFlag(p *uint16) func(string) error {
+	return func(s string) error {
+		n, err := strconv.ParseUint(s, 10, 16)
+		if err != nil || n == 0 {
+			return fmt.Errorf("%q is not a port", s)
+		}
+		*p = uint16(n)
+		return nil
+	}
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		return usageError{fmt.Sprintf("%s: %v", fs.Name(), err)}
+	}
+	if fs.NArg() != 0 {
+		return usageError{fmt.Sprintf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+	}
+	return nil
+}
+
+// cmdRules installs the sidecar-mode redirect in this network namespace
+// and exits, leaving the rules for the Pod's lifetime.
+func cmdRules(args []string) error {
+	p := defaultPorts()
+	fs := flag.NewFlagSet("rules", flag.ContinueOnError)
+	p.flags(fs, false)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if p.exemptUID == 0 {
+		return usageError{"--exempt-uid 0 would exempt root"}
+	}
+	_, err := tproxy.SidecarRules{
+		Table: "egress_sidecar", ExemptUID: uint32(p.exemptUID),
+		DNSPort: p.dns, HTTPPort: p.http, TLSPort: p.tls, OtherPort: p.other,
+	}.Apply()
+	if err != nil {
+		return fmt.Errorf("install rules (needs CAP_NET_ADMIN): %w", err)
+	}
+	fmt.Printf("sidecar rules installed: :80 -> %d, :443 -> %d, other TCP -> %d, DNS -> %d; uid %d exempt\n", p.http, p.tls, p.other, p.dns, p.exemptUID)
+	return nil
+}
+
+// cmdServe runs the filter until SIGTERM.
+func cmdServe(args []string) error {
+	p := defaultPorts()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	p.flags(fs, true)
+	policyPath := fs.String("policy", "", "the policy file (required)")
+	credPath := fs.String("credentials", "", "the credentials file on the sidecar's tmpfs")
+	upstream := fs.String("dns-upstream", "", "DNS upstream host:port (default: /etc/resolv.conf)")
+	logPath := fs.String("log", "", "also write records as JSON lines to this file")
+	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
+	var public []netip.Prefix
+	fs.Func("public", "a prefix netguard counts as public (repeatable)", func(s string) error {
+		pr, err := netip.ParsePrefix(s)
+		public = append(public, pr)
+		return err
+	})
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *policyPath == "" {
+		return usageError{"serve needs --policy FILE"}
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	roots, err := upstreamRoots(*rootsPath)
+	if err != nil {
+		return err
+	}
+	sc, err := startSidecar(p, *policyPath, *credPath, *upstream, *logPath, public, roots, logger)
+	if err != nil {
+		return err
+	}
+	fmt.Println("sidecar: ready")
+	<-ctx.Done()
+	drain, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sc.stop(drain)
+	return nil
+}
+
+// sidecar is the running filter.
+type sidecar struct {
+	watch    *policy.Watcher
+	dns      *dnsfilter.Server
+	proxy    *tproxy.Proxy
+	ic       *mitm.Interceptor
+	health   *http.Server
+	log      *egresslog.Log
+	sink     *egresslog.JSONSink
+	credPath string
+	accepted map[uint16]*atomic.Int64 // connections accepted per port
+}
+
+// upstreamRoots is the system's roots plus those in path, or nil (the
+// system's) when path is empty.
+func upstreamRoots(path string) (*x509.CertPool, error) {
+	if path == "" {
+		return nil, nil
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	pem, err := os.ReadFile(path)
+	if err != nil || !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--upstream-roots: no certificate in %s", path)
+	}
+	return pool, nil
+}
+
+func startSidecar(p ports, policyPath, credPath, upstream, logPath string, public []netip.Prefix, roots *x509.CertPool, logger *slog.Logger) (sc *sidecar, err error) {
+	sc = &sidecar{credPath: credPath, accepted: map[uint16]*atomic.Int64{}}
+	defer func() {
+		if err != nil {
+			sc.stop(context.Background())
+		}
+	}()
+	if sc.watch, err = policy.Watch(policyPath, policy.WatchOptions{Logger: logger}); err != nil {
+		return sc, err
+	}
+	creds, n, err := loadCredentials(credPath)
+	if err != nil {
+		return sc, err
+	}
+	ca, err := mitm.NewCA("egress sidecar CA") // per sandbox, in memory only
+	if err != nil {
+		return sc, err
+	}
+	guard, err := netguard.New(netguard.Config{Public: public})
+	if err != nil {
+		return sc, err
+	}
+	if own, err := netguard.LocalPrefixes(); err == nil {
+		guard.SetOwn(own)
+	}
+	sc.log = &egresslog.Log{}
+	if logPath != "" {
+		if sc.sink, err = egresslog.OpenJSONFile(logPath); err != nil {
+			return sc, err
+		}
+		sc.log.Sinks = []egresslog.Sink{sc.sink, egresslog.SlogSink{Logger: logger}}
+	}
+	// Everything in the Pod is the sandbox; its policy is the file's.
+	agents := func(netip.Addr) (string, *policy.Policy, bool) { return sandboxAgent, sc.watch.Policy(), true }
+	var upstreams []string
+	if upstream != "" {
+		upstreams = []string{upstream}
+	}
+	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger}
+	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log}
+	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
+
+	addr := func(port uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(port))) }
+	pc, err := net.ListenPacket("udp", addr(p.dns))
+	if err != nil {
+		return sc, err
+	}
+	ln, err := net.Listen("tcp", addr(p.dns))
+	if err != nil {
+		pc.Close()
+		return sc, err
+	}
+	go sc.dns.Serve(pc, ln)
+	for _, port := range []uint16{p.http, p.tls, p.other} {
+		ln, err := tproxy.Listen("tcp", addr(port))
+		if err != nil {
+			return sc, err
+		}
+		count := new(atomic.Int64)
+		sc.accepted[port] = count
+		go sc.proxy.Serve(&countingListener{Listener: ln, n: count})
+	}
+	if sc.health, err = serveHealth(addr(p.health), ca, sc.accepted); err != nil {
+		return sc, err
+	}
+	logger.Info("sidecar serving", "policy", policyPath, "credentials", n, "dns", p.dns, "http", p.http, "tls", p.tls, "other", p.other, "health", p.health)
+	return sc, nil
+}
+
+// stop drains and removes the credentials file: the sandbox is released.
+func (sc *sidecar) stop(ctx context.Context) {
+	if sc.health != nil {
+		sc.health.Shutdown(ctx)
+	}
+	if sc.proxy != nil {
+		sc.proxy.Shutdown(ctx)
+	}
+	if sc.dns != nil {
+		sc.dns.Shutdown(ctx)
+	}
+	if sc.ic != nil {
+		sc.ic.Close()
+	}
+	if sc.watch != nil {
+		sc.watch.Close()
+	}
+	if sc.log != nil {
+		sc.log.Close(ctx)
+	}
+	if sc.sink != nil {
+		sc.sink.Close()
+	}
+	if sc.credPath != "" {
+		os.Remove(sc.credPath)
+	}
+}
+
+// serveHealth serves the health port: /healthz, the CA for the sandbox's
+// trust store, and accept counts per port. It is not a data-plane port:
+// nothing here is judged by the policy or logged as a denial.
+func serveHealth(addr string, ca *mitm.CA, accepted map[uint16]*atomic.Int64) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/x-pem-file")
+		w.Write(ca.PEM())
+	})
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
+		out := map[string]int64{}
+		for port, n := range accepted {
+			out[strconv.Itoa(int(port))] = n.Load()
+		}
+		json.NewEncoder(w).Encode(map[string]any{"accepted": out})
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return srv, nil
+}
+
+// countingListener counts accepted connections.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
+}
+
+// cmdInstallCA writes the sandbox's CA bundle: its base bundle of system
+// roots followed by the sidecar's CA. It refuses to run as the exempt
+// uid, whose traffic would bypass the filter.
+func cmdInstallCA(args []string) error {
+	fs := flag.NewFlagSet("install-ca", flag.ContinueOnError)
+	from := fs.String("from", "http://127.0.0.1:15004/ca.pem", "where the sidecar serves its CA")
+	base := fs.String("base", "/etc/ssl/certs/ca-certificates.crt", "the system bundle to extend")
+	out := fs.String("bundle", "", "where to write the bundle (required)")
+	exempt := fs.Uint("exempt-uid", 1337, "the sidecar's uid")
+	wait := fs.Duration("wait", 60*time.Second, "how long to wait for the sidecar")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return usageError{"install-ca needs --bundle OUT"}
+	}
+	if uint(os.Getuid()) == *exempt {
+		return fmt.Errorf("refusing to run as uid %d: that uid is exempt from the egress redirect, so a sandbox running as it would bypass the filter; run the sandbox as another uid", *exempt)
+	}
+	roots, err := os.ReadFile(*base)
+	if err != nil {
+		return fmt.Errorf("the sandbox image needs %s (install ca-certificates): %w", *base, err)
+	}
+	pem, err := fetchCA(*from, *wait)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	bundle := append(append(roots, '\n'), pem...)
+	if err := os.WriteFile(*out, bundle, 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("sidecar CA installed in %s\n", *out)
+	return nil
+}
+
+// fetchCA gets the CA from the sidecar's health port, waiting for the
+// sidecar to start.
+func fetchCA(url string, wait time.Duration) ([]byte, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+		if err == nil {
+			body, rerr := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && rerr == nil && len(body) > 0 {
+				return body, nil
+			}
+			err = errors.Join(rerr, fmt.Errorf("status %s", resp.Status))
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no CA from %s after %v: %w", url, wait, err)
+		}
+		time.Sleep(500 * time.Millisecond) // the sidecar may still be starting
+	}
+}
