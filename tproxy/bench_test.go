@@ -313,3 +313,46 @@ func raiseFileLimit(n uint64) error {
 	lim.Cur = n
 	return syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 }
+
+// BenchmarkServerFirstBanner connects b.N times to a server that speaks
+// first (an SSH-style banner), directly and through the proxy (judged by
+// the name the agent resolved), and reports the median time from connect
+// to the banner's arrival on each path and what the proxy adds.
+func BenchmarkServerFirstBanner(b *testing.B) {
+	banner := []byte("SSH-2.0-bench\r\n")
+	up := serveBench(b, func(c net.Conn) {
+		c.Write(banner)
+		io.Copy(io.Discard, c) // until the client goes
+		c.Close()
+	})
+	proxy := benchProxy(b, up)
+	run := func(addr string, n int) []time.Duration {
+		buf := make([]byte, len(banner))
+		out := make([]time.Duration, 0, n)
+		for range n {
+			start := time.Now()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				b.Fatal(err)
+			}
+			out = append(out, time.Since(start))
+			c.Close()
+		}
+		return out
+	}
+	var direct, proxied []time.Duration
+	per := max(b.N/5, 1)
+	for range 5 {
+		direct = append(direct, run(up.String(), per)...)
+		proxied = append(proxied, run(proxy, per)...)
+	}
+	slices.Sort(direct)
+	slices.Sort(proxied)
+	d, p := direct[len(direct)/2], proxied[len(proxied)/2]
+	b.ReportMetric(float64(d.Microseconds()), "direct-p50-µs")
+	b.ReportMetric(float64(p.Microseconds()), "proxy-p50-µs")
+	b.ReportMetric(float64((p-d).Nanoseconds())/1e3, "added-p50-µs")
+}
