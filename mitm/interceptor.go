@@ -14,10 +14,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/httpmeter"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -208,9 +208,9 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
 	host := hostOnly(r.Host)
 	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path}
-	cw := &countingWriter{ResponseWriter: w}
+	cw := &httpmeter.Writer{ResponseWriter: w}
 	defer func() {
-		rec.Status, rec.Bytes, rec.Duration = cw.status, cw.n, time.Since(start)
+		rec.Status, rec.Bytes, rec.Duration = cw.Status, cw.Bytes, time.Since(start)
 		if i.Log != nil {
 			i.Log.Record(rec)
 		}
@@ -235,12 +235,9 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st := &reqState{info: info, host: canon, allowPrivate: info.pol.AllowPrivateNetworks()}
-	var upBytes atomic.Int64
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &countingBody{ReadCloser: r.Body, n: &upBytes}
-	}
+	body := httpmeter.CountBody(r)
 	i.proxy.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), reqStateKey{}, st)))
-	rec.BytesUp = upBytes.Load()
+	rec.BytesUp = body.Bytes()
 	rec.Secret = strings.Join(st.secrets, ",")
 	switch {
 	case st.injectErr != nil:
@@ -340,40 +337,3 @@ func (l *oneConnListener) Close() error {
 }
 
 func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
-
-// countingWriter records the status and counts body bytes; it unwraps for
-// http.ResponseController (flushing, hijacking for upgrades).
-type countingWriter struct {
-	http.ResponseWriter
-	status int
-	n      int64
-}
-
-func (w *countingWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *countingWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	n, err := w.ResponseWriter.Write(b)
-	w.n += int64(n)
-	return n, err
-}
-
-func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-type countingBody struct {
-	io.ReadCloser
-	n *atomic.Int64
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
-	return n, err
-}

@@ -12,10 +12,10 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/httpmeter"
 	"github.com/agenthold/egress/netguard"
 )
 
@@ -129,11 +129,8 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusForbidden, d.Reason)
 		return
 	}
-	cw := &countingWriter{ResponseWriter: w}
-	var upBytes atomic.Int64
-	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = &countingBody{ReadCloser: r.Body, n: &upBytes}
-	}
+	cw := &httpmeter.Writer{ResponseWriter: w}
+	body := httpmeter.CountBody(r)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -154,8 +151,8 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	rp.ServeHTTP(cw, r)
-	rec.Status = cw.status
-	rec.BytesUp, rec.Bytes = upBytes.Load(), cw.n
+	rec.Status = cw.Status
+	rec.BytesUp, rec.Bytes = body.Bytes(), cw.Bytes
 	rec.Duration = time.Since(start)
 	p.record(rec)
 }
@@ -187,43 +184,6 @@ func urlPort(s string) (uint16, error) {
 		return 0, fmt.Errorf("invalid port %q", s)
 	}
 	return uint16(n), nil
-}
-
-// countingWriter records the status and counts the body bytes written; it
-// unwraps for http.ResponseController (flushing, hijacking for upgrades).
-type countingWriter struct {
-	http.ResponseWriter
-	status int
-	n      int64
-}
-
-func (w *countingWriter) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *countingWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	n, err := w.ResponseWriter.Write(b)
-	w.n += int64(n)
-	return n, err
-}
-
-func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-type countingBody struct {
-	io.ReadCloser
-	n *atomic.Int64
-}
-
-func (b *countingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	b.n.Add(int64(n))
-	return n, err
 }
 
 // connQueue is a net.Listener fed by the proxy: Accept returns the

@@ -24,15 +24,7 @@ import (
 // does not send it. A value that cannot be opened is an error and the
 // request must not be sent.
 func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
-	v.mu.RLock()
-	key := v.key
-	atts := v.attach[agent]
-	entries := make([]*secretEntry, len(atts))
-	for i, a := range atts {
-		entries[i] = v.secrets[a.Secret]
-	}
-	v.mu.RUnlock()
-
+	key, atts, entries := v.attachmentsOf(agent)
 	var used []string
 	if len(atts) == 0 {
 		return nil, nil
@@ -64,6 +56,19 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 		}
 	}
 	return used, nil
+}
+
+// attachmentsOf returns, consistently, the key and the agent's
+// attachments with their secrets (nil where a secret is gone).
+func (v *Vault) attachmentsOf(agent string) ([]byte, []Attachment, []*secretEntry) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	atts := v.attach[agent]
+	entries := make([]*secretEntry, len(atts))
+	for i, a := range atts {
+		entries[i] = v.secrets[a.Secret]
+	}
+	return v.key, atts, entries
 }
 
 // apply puts one secret into r.
@@ -113,14 +118,7 @@ func (v *Vault) FillBody(agent, host, path string, body []byte) ([]byte, []strin
 	if err != nil {
 		return body, nil, nil
 	}
-	v.mu.RLock()
-	key := v.key
-	atts := v.attach[agent]
-	entries := make([]*secretEntry, len(atts))
-	for i, a := range atts {
-		entries[i] = v.secrets[a.Secret]
-	}
-	v.mu.RUnlock()
+	key, atts, entries := v.attachmentsOf(agent)
 	var used []string
 	for i, a := range atts {
 		e := entries[i]

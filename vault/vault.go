@@ -240,6 +240,25 @@ var validEnv = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 // per attachment, and stable while it lasts (attaching again returns the
 // same one, with the new variable name).
 func (v *Vault) Attach(agent, name, env string) (Attachment, error) {
+	return v.setAttachment(agent, name, env, "")
+}
+
+var validPlaceholder = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{15,127}$`)
+
+// AttachPlaceholder is Attach with a placeholder chosen by the caller: a
+// control plane that has already put it in the sandbox's environment. It
+// must be at least 16 characters of letters, digits, '.', '_' and '-', and
+// not used by another attachment of the agent.
+func (v *Vault) AttachPlaceholder(agent, name, env, placeholder string) (Attachment, error) {
+	if !validPlaceholder.MatchString(placeholder) {
+		return Attachment{}, errors.New("vault: a placeholder must be 16 to 128 letters, digits, '.', '_' or '-'")
+	}
+	return v.setAttachment(agent, name, env, placeholder)
+}
+
+// setAttachment attaches a secret with a placeholder; "" keeps the one
+// the attachment has, or makes a new one.
+func (v *Vault) setAttachment(agent, name, env, placeholder string) (Attachment, error) {
 	if agent == "" {
 		return Attachment{}, errors.New("vault: no agent")
 	}
@@ -253,47 +272,24 @@ func (v *Vault) Attach(agent, name, env string) (Attachment, error) {
 	}
 	list := slices.Clone(v.attach[agent])
 	i := slices.IndexFunc(list, func(a Attachment) bool { return a.Secret == name })
-	if i < 0 {
-		list = append(list, Attachment{Agent: agent, Secret: name, Placeholder: v.newPlaceholder()})
-		i = len(list) - 1
+	switch {
+	case placeholder != "":
+	case i >= 0:
+		placeholder = list[i].Placeholder
+	default:
+		placeholder = v.newPlaceholder()
 	}
-	list[i].Env = env
-	a := list[i]
-	sortAttachments(list)
-	attach := mapsAttach(v.attach)
-	attach[agent] = list
-	if err := v.commit(v.key, v.secrets, attach); err != nil {
-		return Attachment{}, err
-	}
-	return a, nil
-}
-
-var validPlaceholder = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{15,127}$`)
-
-// AttachPlaceholder is Attach with a placeholder chosen by the caller: a
-// control plane that has already put it in the sandbox's environment. It
-// must be at least 16 characters of letters, digits, '.', '_' and '-', and
-// not used by another attachment of the agent.
-func (v *Vault) AttachPlaceholder(agent, name, env, placeholder string) (Attachment, error) {
-	if !validPlaceholder.MatchString(placeholder) {
-		return Attachment{}, errors.New("vault: a placeholder must be 16 to 128 letters, digits, '.', '_' or '-'")
-	}
-	if agent == "" || !validEnv.MatchString(env) {
-		return Attachment{}, fmt.Errorf("vault: invalid agent or environment variable %q", env)
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.secrets[name] == nil {
-		return Attachment{}, fmt.Errorf("vault: no secret %q", name)
-	}
-	list := slices.DeleteFunc(slices.Clone(v.attach[agent]), func(a Attachment) bool { return a.Secret == name })
-	for _, a := range list {
-		if a.Placeholder == placeholder {
+	for j, a := range list {
+		if j != i && a.Placeholder == placeholder {
 			return Attachment{}, fmt.Errorf("vault: placeholder already used for secret %q", a.Secret)
 		}
 	}
 	a := Attachment{Agent: agent, Secret: name, Env: env, Placeholder: placeholder}
-	list = append(list, a)
+	if i >= 0 {
+		list[i] = a
+	} else {
+		list = append(list, a)
+	}
 	sortAttachments(list)
 	attach := mapsAttach(v.attach)
 	attach[agent] = list
