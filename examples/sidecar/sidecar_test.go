@@ -187,7 +187,7 @@ func TestPodInNamespaces(t *testing.T) {
 	if err := netns.Available(); err != nil {
 		t.Skipf("requires root and iproute2 to build namespaces: %v", err)
 	}
-	for _, c := range []string{"curl", "nsenter", "getent"} {
+	for _, c := range []string{"curl", "nsenter", "setpriv", "getent"} {
 		if _, err := exec.LookPath(c); err != nil {
 			t.Skipf("requires %s", c)
 		}
@@ -344,6 +344,9 @@ func newPod(t *testing.T) *pod {
 	must(netns.Veth(p.ns, a, p.in, b))
 	must(p.ns.IP("addr", "add", "198.18.0.2/24", "dev", a))
 	must(p.ns.IP("route", "add", "default", "via", "198.18.0.1"))
+	// Like a Pod's cluster DNS: an address off the Pod, which the rules
+	// redirect to the sidecar.
+	must(p.ns.SetResolvConf("nameserver 198.18.0.53\n"))
 	must(p.in.IP("addr", "add", "198.18.0.1/24", "dev", b))
 	must(p.in.IP("addr", "add", upstream+"/32", "dev", "lo"))
 	p.startInternet()
@@ -469,12 +472,15 @@ func (p *pod) startSidecar() {
 	}
 }
 
-// as runs a command in the Pod as uid.
+// as runs a command in the Pod as uid. ip netns exec gives it the Pod's
+// resolv.conf (a resolver address the redirect sends to the sidecar,
+// whatever the host's own resolver is).
 func (p *pod) as(uid int, name string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	all := append([]string{"--net=" + p.ns.Path(), "-S", fmt.Sprint(uid), "-G", fmt.Sprint(uid), name}, args...)
-	cmd := exec.CommandContext(ctx, "nsenter", all...)
+	id := fmt.Sprint(uid)
+	all := append([]string{"netns", "exec", p.ns.Name, "setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", name}, args...)
+	cmd := exec.CommandContext(ctx, "ip", all...)
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
