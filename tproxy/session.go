@@ -242,21 +242,27 @@ func stopRead(c net.Conn, ch <-chan readResult) readResult {
 	return r
 }
 
-// speculation is the connection dialled before the client speaks.
+// speculation is the target a connection goes to if its bytes name no
+// other, and the connection to it when it was dialled before the client
+// spoke.
 type speculation struct {
+	s      *session
 	target target
 	ok     bool              // there is a speculative target
 	dialc  chan dialResult   // the dial in flight, nil once received
 	up     *net.TCPConn      // the connection once dialled
 	upc    <-chan readResult // its pending first read, nil once stopped
 	err    error             // the dial's error
+	early  bool              // the dial was started before the client spoke
 }
 
-func (sp *speculation) start(s *session) {
-	sp.target, sp.ok = s.speculative()
+// start dials the target in the background, while the client is silent.
+func (sp *speculation) start() {
 	if !sp.ok {
 		return
 	}
+	s := sp.s
+	sp.early = true
 	sp.dialc = make(chan dialResult, 1)
 	go func(ch chan<- dialResult) {
 		c, err := s.p.dial(s.ctx, s.pol, sp.target)
@@ -276,9 +282,12 @@ func (sp *speculation) dialled(d dialResult) {
 	sp.upc = readInto(sp.up, make([]byte, 0, 4096))
 }
 
-// take hands over the connection (waiting for the dial if needed) and
-// whatever the server already sent.
+// take hands over the connection (dialling it now if it was not dialled
+// early, or waiting for the dial) and whatever the server already sent.
 func (sp *speculation) take() (*net.TCPConn, []byte, error) {
+	if !sp.early {
+		return sp.dialNow()
+	}
 	if sp.dialc != nil {
 		sp.dialled(<-sp.dialc)
 	}
@@ -298,6 +307,14 @@ func (sp *speculation) take() (*net.TCPConn, []byte, error) {
 	return c, early, nil
 }
 
+func (sp *speculation) dialNow() (*net.TCPConn, []byte, error) {
+	if !sp.ok {
+		return nil, nil, errors.New("no target")
+	}
+	c, err := sp.s.p.dial(sp.s.ctx, sp.s.pol, sp.target)
+	return c, nil, err
+}
+
 // discard closes the speculative connection, now or when its dial ends.
 func (sp *speculation) discard() {
 	if sp.dialc != nil {
@@ -315,27 +332,30 @@ func (sp *speculation) discard() {
 }
 
 // run reads the client's first bytes (after buffered, which a CONNECT
-// client may have sent early) while dialling the speculative target, and
-// hands the connection to the path its protocol takes.
+// client may have sent early) and hands the connection to the path its
+// protocol takes. While the client is silent it dials the speculative
+// target, so that a server that speaks first can.
 func (s *session) run(buffered []byte) {
-	var sp speculation
-	sp.start(s)
+	sp := speculation{s: s}
+	sp.target, sp.ok = s.speculative()
 	defer sp.discard()
 
 	buf := make([]byte, len(buffered), max(4096, len(buffered)))
 	copy(buf, buffered)
-	if sp.ok {
-		s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.IdleTimeout, DefaultIdleTimeout)))
-	} else {
-		s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.HelloTimeout, DefaultHelloTimeout)))
-	}
 	var clientErr error
 	if sniff(buf) == protoUnknown {
 		// Most clients have spoken by the time they are accepted: read
-		// without waiting first, and wait in a goroutine only if not.
+		// without waiting first, and dial and wait in goroutines only if
+		// not.
 		buf, clientErr = readNow(s.client, buf)
 	}
 	if sniff(buf) == protoUnknown && clientErr == nil {
+		if sp.ok {
+			s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.IdleTimeout, DefaultIdleTimeout)))
+		} else {
+			s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.HelloTimeout, DefaultHelloTimeout)))
+		}
+		sp.start()
 		clientc := readInto(s.client, buf)
 	wait:
 		for {
