@@ -147,7 +147,10 @@ func (p *Proxy) acquire(agent string) (release func(), reason string) {
 		p.open.Add(-1)
 		return nil, "too many connections"
 	}
-	v, _ := p.perAgent.LoadOrStore(agent, new(atomic.Int64))
+	v, ok := p.perAgent.Load(agent)
+	if !ok {
+		v, _ = p.perAgent.LoadOrStore(agent, new(atomic.Int64))
+	}
 	n := v.(*atomic.Int64)
 	if n.Add(1) > int64(orDefault(p.MaxConnsPerAgent, DefaultMaxConnsPerAgent)) {
 		n.Add(-1)
