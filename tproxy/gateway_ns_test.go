@@ -34,7 +34,7 @@ import (
 // gatewayConfig is what the gateway helper process is told.
 type gatewayConfig struct {
 	Allow      []string
-	Iface      string
+	Ifaces     []string
 	Upstream   string
 	Records    string
 	AgentAddrs []string
@@ -81,7 +81,7 @@ func TestGatewayHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	elog := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
-	rules, err := GatewayRules{Interfaces: []string{cfg.Iface}, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
+	rules, err := GatewayRules{Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +114,9 @@ type nsWorld struct {
 	t           *testing.T
 	sb, gw, in  *netns.NS
 	gwIface     string
+	sb2         *netns.NS // a second sandbox, on its own link, that no agent owns
+	sb2Iface    string
+	gwIface2    string
 	ca          *testCA
 	caFile      string
 	records     string
@@ -266,6 +269,24 @@ func TestGatewayInNamespaces(t *testing.T) {
 			return r.Kind == egresslog.KindConnect && r.Host == "other.test" && !r.Allowed
 		})
 	})
+	step(t, "a spoofed agent address is dropped before anything judges it", func() {
+		// The second sandbox takes the first one's address and sends a
+		// DNS query from it: it needs no answer for the name to leak.
+		if err := w.sb2.IP("addr", "add", "198.18.1.10/32", "dev", w.sb2Iface); err != nil {
+			t.Fatal(err)
+		}
+		spoofed := fmt.Sprintf("spoofed-%d.wild.test", time.Now().UnixNano())
+		w.sendDNS(w.sb2, "198.18.1.10", spoofed)
+		// A query from the real sandbox, recorded after the spoofed one
+		// would have been.
+		real := fmt.Sprintf("real-%d.wild.test", time.Now().UnixNano())
+		w.sendDNS(w.sb, "198.18.1.10", real)
+		w.waitRecord(func(r egresslog.Record) bool { return r.Host == real })
+		data, _ := os.ReadFile(w.records)
+		if strings.Contains(string(data), spoofed) {
+			t.Fatal("a query from a spoofed agent address was served")
+		}
+	})
 	step(t, "killed gateway leaves no network", func() {
 		w.gateway.Process.Kill()
 		w.gateway.Wait()
@@ -290,7 +311,7 @@ func step(t *testing.T, name string, f func()) {
 }
 
 func newNSWorld(t *testing.T) *nsWorld {
-	w := &nsWorld{t: t, sb: newNS(t, "sb"), gw: newNS(t, "gw"), in: newNS(t, "in")}
+	w := &nsWorld{t: t, sb: newNS(t, "sb"), gw: newNS(t, "gw"), in: newNS(t, "in"), sb2: newNS(t, "sbb")}
 	sbIf := netns.Unique("vs")
 	w.gwIface = netns.Unique("vg")
 	gwUp, inIf := netns.Unique("vu"), netns.Unique("vi")
@@ -301,6 +322,8 @@ func newNSWorld(t *testing.T) *nsWorld {
 		}
 	}
 	must(netns.Veth(w.sb, sbIf, w.gw, w.gwIface))
+	w.sb2Iface, w.gwIface2 = netns.Unique("vt"), netns.Unique("vh")
+	must(netns.Veth(w.sb2, w.sb2Iface, w.gw, w.gwIface2))
 	must(netns.Veth(w.gw, gwUp, w.in, inIf))
 	for _, c := range [][]string{
 		{"sb", "addr", "add", "198.18.1.10/24", "dev", sbIf},
@@ -308,6 +331,9 @@ func newNSWorld(t *testing.T) *nsWorld {
 		{"sb", "route", "add", "default", "via", "198.18.1.2"},
 		{"sb", "-6", "route", "add", "default", "via", "fd00:1::2"},
 		{"gw", "addr", "add", "198.18.1.2/24", "dev", w.gwIface},
+		{"gw", "addr", "add", "198.18.3.2/24", "dev", w.gwIface2},
+		{"sbb", "addr", "add", "198.18.3.10/24", "dev", w.sb2Iface},
+		{"sbb", "route", "add", "default", "via", "198.18.3.2"},
 		{"gw", "addr", "add", "fd00:1::2/64", "dev", w.gwIface, "nodad"},
 		{"gw", "addr", "add", "198.18.2.2/24", "dev", gwUp},
 		{"gw", "addr", "add", "fd00:2::2/64", "dev", gwUp, "nodad"},
@@ -318,7 +344,7 @@ func newNSWorld(t *testing.T) *nsWorld {
 		{"in", "route", "add", "198.18.1.0/24", "via", "198.18.2.2"},
 		{"in", "-6", "route", "add", "fd00:1::/64", "via", "fd00:2::2"},
 	} {
-		ns := map[string]*netns.NS{"sb": w.sb, "gw": w.gw, "in": w.in}[c[0]]
+		ns := map[string]*netns.NS{"sb": w.sb, "sbb": w.sb2, "gw": w.gw, "in": w.in}[c[0]]
 		must(ns.IP(c[1:]...))
 	}
 	for i := 1; i <= 6; i++ {
@@ -454,7 +480,7 @@ func (w *nsWorld) startGateway(allow []string) {
 	t := w.t
 	w.records = filepath.Join(t.TempDir(), "records.jsonl")
 	cfg, _ := json.Marshal(gatewayConfig{
-		Allow: allow, Iface: w.gwIface, Upstream: "198.18.2.1:53", Records: w.records,
+		Allow: allow, Ifaces: []string{w.gwIface, w.gwIface2}, Upstream: "198.18.2.1:53", Records: w.records,
 		AgentAddrs: []string{"198.18.1.10", "fd00:1::10"},
 	})
 	exe, err := os.Executable()
@@ -577,6 +603,26 @@ func (w *nsWorld) lookupInSandbox(name string) netip.Addr {
 	}
 	w.t.Fatalf("resolve %s in the sandbox: no address (rcode %d)", name, resp.Rcode)
 	return netip.Addr{}
+}
+
+// sendDNS sends one DNS query for name from src, inside ns, to the
+// gateway's address on the first sandbox's link.
+func (w *nsWorld) sendDNS(ns *netns.NS, src, name string) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	packet, _ := m.Pack()
+	err := ns.Do(func() error {
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.ParseIP(src)}, &net.UDPAddr{IP: net.ParseIP("198.18.1.2"), Port: 53})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(packet)
+		return err
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // udpGetsThrough sends UDP from the sandbox to the internet namespace and

@@ -196,6 +196,19 @@ func (g GatewayRules) build(r *Rules) error {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	// Anti-spoofing, before anything judges a source: a packet from an
+	// agent interface whose source address would not be routed back out
+	// of that interface is dropped. Otherwise a sandbox that added another
+	// agent's address to its interface could send DNS queries (which need
+	// no answer to leak data) under that agent's policy.
+	spoof := c.AddChain(&nftables.Chain{Name: "agent_spoof", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+	c.AddRule(&nftables.Rule{Table: t, Chain: spoof, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, lookup(r.ifaces),
+		&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultOIF: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		drop(),
+	}})
 
 	// Which traffic is an agent's: by interface or by source.
 	fromAgent := [][]expr.Any{
