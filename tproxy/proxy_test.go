@@ -2,6 +2,7 @@ package tproxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -386,5 +387,23 @@ func TestExplicitSlowloris(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.ReadAll(c); err != nil {
 		t.Fatalf("the proxy did not close a stalled request head: %v", err)
+	}
+}
+
+func TestECHConnectionRefused(t *testing.T) {
+	w := newWorld(t, []string{"api.example.test:*"}, func(p *Proxy) {
+		p.Resolver.(fixedResolver)["api.example.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+	})
+	hello := withExtension(t, realHellos(t)["curl-7.88-openssl-3.0"], extensionECH, []byte{0, 0, 1, 0, 1, 1, 0, 0, 0, 0})
+	c := w.dial(w.tlsAddr)
+	c.Write(hello)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	alert := make([]byte, len(tlsAccessDenied))
+	if _, err := io.ReadFull(c, alert); err != nil || !bytes.Equal(alert, tlsAccessDenied) {
+		t.Fatalf("answer %x, %v; want an access_denied alert", alert, err)
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && !r.Allowed })
+	if r.Reason != ErrECH.Error() {
+		t.Errorf("record %+v", r)
 	}
 }

@@ -1,6 +1,7 @@
 package tproxy
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,4 +128,49 @@ func FuzzHello(f *testing.F) {
 			t.Fatalf("server name of %d bytes", len(h.serverName))
 		}
 	})
+}
+
+// withExtension appends a TLS extension to a ClientHello that fits in
+// one record, fixing the three lengths around it.
+func withExtension(t *testing.T, hello []byte, typ uint16, data []byte) []byte {
+	t.Helper()
+	b := append([]byte(nil), hello...)
+	off := 5 + 4 + 2 + 32                       // record and handshake headers, version, random
+	off += 1 + int(b[off])                      // session id
+	off += 2 + (int(b[off])<<8 | int(b[off+1])) // cipher suites
+	off += 1 + int(b[off])                      // compression methods
+	extLen := int(b[off])<<8 | int(b[off+1])
+	if 5+int(b[3])<<8|int(b[4]) != len(b) || off+2+extLen != len(b) {
+		t.Fatal("the ClientHello is not one record ending with its extensions")
+	}
+	add := 4 + len(data)
+	b = append(b, byte(typ>>8), byte(typ), byte(len(data)>>8), byte(len(data)))
+	b = append(b, data...)
+	put16 := func(at, v int) { b[at], b[at+1] = byte(v>>8), byte(v) }
+	put16(off, extLen+add)
+	put16(3, len(b)-5)
+	hs := len(b) - 9
+	b[6], b[7], b[8] = byte(hs>>16), byte(hs>>8), byte(hs)
+	return b
+}
+
+// TestEncryptedClientHelloRefused: with ECH the outer server name is a
+// public front, not the server meant; judging it would let an allowed
+// front carry a connection to any host behind it.
+func TestEncryptedClientHelloRefused(t *testing.T) {
+	hello := realHellos(t)["curl-7.88-openssl-3.0"]
+	if h, err := parseHello(hello); err != nil || h.serverName != "api.example.test" {
+		t.Fatalf("the unchanged hello: %+v %v", h, err)
+	}
+	ech := withExtension(t, hello, extensionECH, []byte{0x00, 0x00, 0x01, 0x00, 0x01, 0x01, 0x00, 0x00, 0x00, 0x00})
+	if done, err := helloComplete(ech); !done || err != nil {
+		t.Fatalf("the hello with ECH is not complete: %v %v", done, err)
+	}
+	if _, err := parseHello(ech); !errors.Is(err, ErrECH) {
+		t.Fatalf("parseHello = %v, want ErrECH", err)
+	}
+	other := withExtension(t, hello, 0xfe0c, []byte{1, 2, 3})
+	if h, err := parseHello(other); err != nil || h.serverName != "api.example.test" {
+		t.Fatalf("an unknown extension: %+v %v", h, err)
+	}
 }
