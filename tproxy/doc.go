@@ -39,6 +39,12 @@
 //	rules, err := tproxy.GatewayRules{Interfaces: []string{"veth-a1"}, DNSPort: 15053, ProxyPort: 15001, OpenPorts: []uint16{15002}}.Apply()
 //	defer rules.Close()
 //
+// TLS that passes through is judged by its server name only: a CDN that
+// routes by the Host inside the TLS (domain fronting) can carry a request
+// for another site to an allowed name's servers. Allow shared fronts only
+// with that in mind, or intercept them. Encrypted Client Hello, whose
+// outer name is such a front by design, is refused.
+//
 // tproxy does not terminate TLS (mitm does) and does not resolve names for
 // the sandbox (dnsfilter does).
 package tproxy

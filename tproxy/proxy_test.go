@@ -109,6 +109,18 @@ func TestHTTPEveryRequestJudged(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("third request: %d", resp.StatusCode)
 	}
+	// An absolute-form target names the host, whatever the Host header
+	// says (RFC 9112, section 3.2.2): it is what is judged.
+	fmt.Fprintf(c, "GET http://blocked.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	abs, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, abs.Body)
+	abs.Body.Close()
+	if abs.StatusCode != http.StatusForbidden {
+		t.Fatalf("absolute-form request to a denied host with an allowed Host header: %d", abs.StatusCode)
+	}
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" })
 	if r.Allowed || r.Status != http.StatusForbidden || r.Path != "/path" || r.Method != "GET" {
 		t.Errorf("record %+v", r)
