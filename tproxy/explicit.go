@@ -101,6 +101,11 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	if !p.beginSession() {
+		refuse(http.StatusServiceUnavailable, ReasonShuttingDown)
+		return
+	}
+	defer p.sessionsWG.Done()
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		refuse(http.StatusInternalServerError, "cannot take over the connection: "+err.Error())
@@ -116,8 +121,6 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
-	p.sessionsWG.Add(1)
-	defer p.sessionsWG.Done()
 	ctx, cancel := context.WithCancel(p.baseCtx)
 	defer cancel()
 	s := &session{p: p, ctx: ctx, client: tc, agent: agent, pol: pol, src: f.src, dst: dst, names: names, kind: egresslog.KindConnect, start: start}

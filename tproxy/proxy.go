@@ -203,12 +203,27 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			c.Close()
 			continue
 		}
-		p.sessionsWG.Add(1)
+		if !p.beginSession() {
+			reset(tc)
+			return ErrServerClosed
+		}
 		go func() {
 			defer p.sessionsWG.Done()
 			p.serveTransparent(tc)
 		}()
 	}
+}
+
+// beginSession counts a session that Shutdown must wait for, unless the
+// proxy is closed; the lock keeps every Add before Shutdown's Wait.
+func (p *Proxy) beginSession() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.sessionsWG.Add(1)
+	return true
 }
 
 func (p *Proxy) track(ln net.Listener) bool {
