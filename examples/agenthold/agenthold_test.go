@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -170,6 +171,27 @@ func TestDemoWorld(t *testing.T) {
 	}
 	if !strings.Contains(echo, "agenthold-placeholder-") {
 		t.Errorf("the host without a rule did not get the placeholder: %q", echo)
+	}
+
+	// An agent can adopt a namespace made elsewhere; deleting the agent
+	// unwires it but leaves the namespace to its owner.
+	adopted, err := netns.Add(netns.Unique("ahadopt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adopted.Delete()
+	if err := w.cli(io.Discard, "agent", "create", "carol", "--mode", "allowlist", "--allow", "www.example.com", "--netns", adopted.Path()); err != nil {
+		t.Fatal(err)
+	}
+	out, err = w.inSandbox("carol", "curl -sS http://www.example.com/")
+	if err != nil || !strings.Contains(out, "Example Domain") {
+		t.Fatalf("the adopted namespace has no gateway: %v %q", err, out)
+	}
+	if err := w.cli(io.Discard, "agent", "delete", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	if links, err := adopted.Run(context.Background(), "ip", "-o", "link"); err != nil || strings.Contains(links, "eth0") {
+		t.Errorf("the adopted namespace kept its link after delete (%v): %s", err, links)
 	}
 
 	names := []string{w.gw.Name, w.inet.Name, nsName(filepath.Join(w.dir, "data"), "alice"), nsName(filepath.Join(w.dir, "data"), "bob")}
