@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -128,8 +129,31 @@ func TestDemoWorld(t *testing.T) {
 			w.teardown()
 		}
 	}()
+	// A follower of the log sees records as they are made.
+	follow := exec.Command(w.self, "log", "--follow", "--json", "--agent", "bob", "--limit", "1")
+	follow.Env = w.env()
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follow.Process.Kill(); follow.Wait() }()
+
 	if failed := runSession(w); failed != 0 {
 		t.Fatalf("%d session step(s) failed", failed)
+	}
+	lines := bufio.NewScanner(stdout)
+	sawBob := false
+	for lines.Scan() {
+		if strings.Contains(lines.Text(), `"agent":"bob"`) && strings.Contains(lines.Text(), `"host":"www.example.com"`) {
+			sawBob = true
+			break
+		}
+	}
+	if !sawBob {
+		t.Error("the log follower did not see bob's request")
 	}
 
 	// An upstream error after injection: stop the fake API, then call it

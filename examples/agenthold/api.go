@@ -309,12 +309,20 @@ func (s *server) readLog(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 	rc.Flush()
-	for rec := range follower.C {
-		buf = append(rec.AppendJSON(buf[:0]), '\n')
-		if _, err := w.Write(buf); err != nil {
+	for {
+		select {
+		case rec, ok := <-follower.C:
+			if !ok {
+				return
+			}
+			buf = append(rec.AppendJSON(buf[:0]), '\n')
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+			rc.Flush()
+		case <-s.stopping: // followers do not hold up a shutdown
 			return
 		}
-		rc.Flush()
 	}
 }
 

@@ -43,6 +43,9 @@ type server struct {
 	admin  *http.Server
 	lock   *os.File
 
+	stopping chan struct{} // closed when stop begins
+	stopOnce sync.Once
+
 	mu sync.Mutex // serialises agent changes
 }
 
@@ -53,7 +56,7 @@ func (s *server) bundlePath() string { return filepath.Join(s.cfg.DataDir, "egre
 // startServer brings the gateway up: state, vault, CA, DNS, proxies,
 // rules, agents, admin API. On any error what was started is stopped.
 func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *server, err error) {
-	s = &server{cfg: cfg, log: logger}
+	s = &server{cfg: cfg, log: logger, stopping: make(chan struct{})}
 	s.pool4 = netip.MustParsePrefix(cfg.Network.Pool4)
 	s.pool6 = netip.MustParsePrefix(cfg.Network.Pool6)
 	defer func() {
@@ -325,6 +328,7 @@ func (s *server) setPolicy(name string, spec PolicySpec) error {
 
 // stop drains, then removes every namespace, link and table it made.
 func (s *server) stop(ctx context.Context) {
+	s.stopOnce.Do(func() { close(s.stopping) })
 	if s.admin != nil {
 		s.admin.Shutdown(ctx)
 	}
