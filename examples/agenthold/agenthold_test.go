@@ -129,6 +129,13 @@ func TestDemoWorld(t *testing.T) {
 			w.teardown()
 		}
 	}()
+	// A second server on the same data directory refuses to start.
+	second := exec.Command(w.self, "serve", "--config", filepath.Join(w.dir, "agenthold.yaml"))
+	second.Env = w.env()
+	if out, err := second.CombinedOutput(); err == nil || !strings.Contains(string(out), "another agenthold is running") {
+		t.Fatalf("a second server on the same data directory: %v %s", err, out)
+	}
+
 	// A follower of the log sees records as they are made.
 	follow := exec.Command(w.self, "log", "--follow", "--json", "--agent", "bob", "--limit", "1")
 	follow.Env = w.env()

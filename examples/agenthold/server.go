@@ -331,6 +331,7 @@ func (s *server) stop(ctx context.Context) {
 	s.stopOnce.Do(func() { close(s.stopping) })
 	if s.admin != nil {
 		s.admin.Shutdown(ctx)
+		os.Remove(s.cfg.adminSocket()) // only a server that served it removes it
 	}
 	if s.proxy != nil {
 		s.proxy.Shutdown(ctx)
@@ -355,7 +356,6 @@ func (s *server) stop(ctx context.Context) {
 	if s.lock != nil {
 		s.lock.Close()
 	}
-	os.Remove(s.cfg.adminSocket())
 }
 
 // sandboxEnv is the environment a sandbox runs with: its placeholders,
