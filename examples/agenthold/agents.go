@@ -173,6 +173,13 @@ func nsName(dataDir, agent string) string {
 	return "ah-" + hex.EncodeToString(sum[:3]) + "-" + agent
 }
 
+// tableName is the nftables table of a server: unique per data directory,
+// since installing a table replaces any of the same name.
+func tableName(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return "agenthold_" + hex.EncodeToString(sum[:3])
+}
+
 // networkAddrs computes an agent's addresses from its index in the pools:
 // the gateway at .2 and ::2, the sandbox at .10 and ::10.
 func networkAddrs(pool4, pool6 netip.Prefix, index int) (gw4, sb4, gw6, sb6 netip.Addr) {

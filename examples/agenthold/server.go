@@ -225,7 +225,7 @@ func (s *server) startDataPlane() error {
 	}
 	go s.proxy.ServeExplicit(explicit)
 	s.rules, err = tproxy.GatewayRules{
-		Table: "agenthold", DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
+		Table: tableName(s.cfg.DataDir), DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
 		OpenPorts: []uint16{s.cfg.Egress.ExplicitPort, s.cfg.Egress.TunnelPort}, NoNetwork: s.cfg.Egress.Disabled,
 	}.Apply()
 	if err != nil {
