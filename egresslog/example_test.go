@@ -1,0 +1,29 @@
+package egresslog_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/agenthold/egress/egresslog"
+)
+
+func ExampleLog() {
+	l := &egresslog.Log{Keep: 100, Sinks: []egresslog.Sink{egresslog.NewJSONSink(os.Stdout)}}
+	t := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	l.Record(egresslog.Record{Time: t, Agent: "a1", Kind: egresslog.KindDNS, Host: "exfil.evil.example", Method: "TXT", Status: 3, Reason: "no allow entry matches the host"})
+	l.Record(egresslog.Record{Time: t, Agent: "a1", Kind: egresslog.KindHTTP, Host: "api.github.com", Port: 443, Method: "GET", Path: "/user?token=x", Status: 200, Allowed: true, Secret: "github"})
+	l.Flush(context.Background()) // the JSON sink writes from its own goroutine
+
+	for _, r := range l.List(egresslog.Filter{Agent: "a1", DeniedOnly: true}, 10) {
+		fmt.Println("denied:", r.Host, "-", r.Reason)
+	}
+	fmt.Println("injected:", l.Stats()["a1"].Injected)
+	l.Close(context.Background())
+	// Output:
+	// {"seq":1,"time":"2026-11-29T08:00:00Z","agent":"a1","kind":"dns","host":"exfil.evil.example","method":"TXT","status":3,"allowed":false,"reason":"no allow entry matches the host"}
+	// {"seq":2,"time":"2026-11-29T08:00:00Z","agent":"a1","kind":"http","host":"api.github.com","port":443,"method":"GET","path":"/user","status":200,"allowed":true,"secret":"github"}
+	// denied: exfil.evil.example - no allow entry matches the host
+	// injected: 1
+}

@@ -1,0 +1,34 @@
+package vault_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/agenthold/egress/vault"
+)
+
+func ExampleVault_Inject() {
+	key := make([]byte, vault.KeySize) // in real use: vault.LoadKeyFile or vault.KeyFromEnv
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Options{PlaceholderPrefix: "agenthold"})
+	if err != nil {
+		panic(err)
+	}
+	rule, _ := vault.Preset("openai")
+	if err := v.Set(vault.Secret{Name: "openai", Rule: rule}, []byte("sk-real-value")); err != nil {
+		panic(err)
+	}
+	a, _ := v.Attach("agent-1", "openai", "OPENAI_API_KEY")
+	fmt.Println("the sandbox sees:", a.Env+"="+a.Placeholder[:22]+"…")
+
+	for _, host := range []string{"api.openai.com", "echo.example.com"} {
+		req := &http.Request{URL: &url.URL{Scheme: "https", Host: host, Path: "/v1/models"}, Host: host,
+			Header: http.Header{"Authorization": {"Bearer " + a.Placeholder}}}
+		used, _ := v.Inject("agent-1", req)
+		fmt.Printf("%s gets %q (secrets used: %v)\n", host, req.Header.Get("Authorization")[:13], used)
+	}
+	// Output:
+	// the sandbox sees: OPENAI_API_KEY=agenthold-placeholder-…
+	// api.openai.com gets "Bearer sk-rea" (secrets used: [openai])
+	// echo.example.com gets "Bearer agenth" (secrets used: [])
+}
