@@ -98,6 +98,46 @@ func BenchmarkMintLeaf(b *testing.B) {
 	}
 }
 
+// getRate fetches url n times from workers goroutines and returns the
+// requests per second.
+func getRate(b *testing.B, c *http.Client, url string, n, workers int) float64 {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				resp, err := c.Get(url)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// compare runs base and measured in five interleaved rounds of b.N/5 and
+// reports the median of each rate and of their ratio.
+func compare(b *testing.B, unit, baseName, name string, base, measured func(n int) float64) {
+	var bs, ms, ratios []float64
+	per := max(b.N/5, 1)
+	for range 5 {
+		x := base(per)
+		y := measured(per)
+		bs, ms, ratios = append(bs, x), append(ms, y), append(ratios, y/x)
+	}
+	b.ReportMetric(median(ms), name+"-"+unit)
+	b.ReportMetric(median(bs), baseName+"-"+unit)
+	b.ReportMetric(median(ratios), "ratio")
+}
+
 // BenchmarkNewConnections opens b.N new TLS connections with one request
 // each through the transparent proxy, intercepted and passed through,
 // interleaved in rounds, and reports both rates and their ratio.
@@ -106,71 +146,24 @@ func BenchmarkNewConnections(b *testing.B) {
 	r := newRig(b)
 	intercepted := r.clientFor(r.viaTProxy(b, true), false)
 	passthrough := r.clientFor(r.viaTProxy(b, false), false)
-	run := func(c *http.Client, host string, n int) float64 {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= int64(n) {
-					resp, err := c.Get("https://" + host + "/")
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}()
-		}
-		wg.Wait()
-		return float64(n) / time.Since(start).Seconds()
-	}
-	var is, ps, ratios []float64
-	per := max(b.N/5, 1)
-	for range 5 {
-		p := run(passthrough, "other.test", per)
-		i := run(intercepted, "api.test", per)
-		is, ps, ratios = append(is, i), append(ps, p), append(ratios, i/p)
-	}
-	b.ReportMetric(median(is), "intercepted-conn/s")
-	b.ReportMetric(median(ps), "passthrough-conn/s")
-	b.ReportMetric(median(ratios), "ratio")
+	compare(b, "conn/s", "passthrough", "intercepted",
+		func(n int) float64 { return getRate(b, passthrough, "https://other.test/", n, 4) },
+		func(n int) float64 { return getRate(b, intercepted, "https://api.test/", n, 4) })
 }
 
-// BenchmarkKeptAliveRequests sends b.N requests on one kept-alive
-// connection, intercepted (through the transparent proxy) and directly
-// to the upstream, interleaved, and reports both rates and their ratio.
+// BenchmarkKeptAliveRequests sends b.N requests one after another on one
+// kept-alive connection, intercepted (through the transparent proxy) and
+// directly to the upstream, interleaved, and reports both rates and their
+// ratio.
 func BenchmarkKeptAliveRequests(b *testing.B) {
 	r := newRig(b)
 	intercepted := r.clientFor(r.viaTProxy(b, true), true)
 	direct := r.clientFor(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort).String(), true)
-	run := func(c *http.Client, n int) float64 {
-		start := time.Now()
-		for range n {
-			resp, err := c.Get("https://api.test/")
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return float64(n) / time.Since(start).Seconds()
-	}
-	run(intercepted, 10) // open both connections
-	run(direct, 10)
-	var is, ds, ratios []float64
-	per := max(b.N/5, 1)
-	for range 5 {
-		d := run(direct, per)
-		i := run(intercepted, per)
-		is, ds, ratios = append(is, i), append(ds, d), append(ratios, i/d)
-	}
-	b.ReportMetric(median(is), "intercepted-req/s")
-	b.ReportMetric(median(ds), "direct-req/s")
-	b.ReportMetric(median(ratios), "ratio")
+	getRate(b, intercepted, "https://api.test/", 10, 1) // open both connections
+	getRate(b, direct, "https://api.test/", 10, 1)
+	compare(b, "req/s", "direct", "intercepted",
+		func(n int) float64 { return getRate(b, direct, "https://api.test/", n, 1) },
+		func(n int) float64 { return getRate(b, intercepted, "https://api.test/", n, 1) })
 }
 
 // BenchmarkMultiplexedRequests sends b.N requests, 16 at a time, as
@@ -181,40 +174,11 @@ func BenchmarkMultiplexedRequests(b *testing.B) {
 	r := newRig(b)
 	intercepted := r.clientProto(r.viaTProxy(b, true), true, true)
 	direct := r.clientProto(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort).String(), true, true)
-	run := func(c *http.Client, n int) float64 {
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= int64(n) {
-					resp, err := c.Get("https://api.test/")
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}()
-		}
-		wg.Wait()
-		return float64(n) / time.Since(start).Seconds()
-	}
-	run(intercepted, 32)
-	run(direct, 32)
-	var is, ds, ratios []float64
-	per := max(b.N/5, 1)
-	for range 5 {
-		d := run(direct, per)
-		i := run(intercepted, per)
-		is, ds, ratios = append(is, i), append(ds, d), append(ratios, i/d)
-	}
-	b.ReportMetric(median(is), "intercepted-req/s")
-	b.ReportMetric(median(ds), "direct-req/s")
-	b.ReportMetric(median(ratios), "ratio")
+	getRate(b, intercepted, "https://api.test/", 32, 16)
+	getRate(b, direct, "https://api.test/", 32, 16)
+	compare(b, "req/s", "direct", "intercepted",
+		func(n int) float64 { return getRate(b, direct, "https://api.test/", n, 16) },
+		func(n int) float64 { return getRate(b, intercepted, "https://api.test/", n, 16) })
 }
 
 func median(v []float64) float64 {
