@@ -27,6 +27,7 @@ import (
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/internal/readyline"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -506,25 +507,8 @@ func (w *nsWorld) startGateway(allow []string) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "READY" {
-				ready <- true
-				io.Copy(io.Discard, stdout)
-				return
-			}
-		}
-		ready <- false
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("the gateway process exited before it was ready")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the gateway process did not get ready")
+	if err := readyline.Wait(stdout, "READY", 30*time.Second); err != nil {
+		t.Fatalf("the gateway process did not get ready: %v", err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/internal/readyline"
 )
 
 // devState is where `agenthold demo --keep` leaves word of the running
@@ -181,24 +181,10 @@ network:
 	if err := w.server.Start(); err != nil {
 		return err
 	}
-	ready := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "agenthold: ready" {
-				ready <- nil
-				io.Copy(io.Discard, stdout)
-				return
-			}
-		}
-		ready <- errors.New("the server exited before it was ready; see " + filepath.Join(w.dir, "server.log"))
-	}()
-	select {
-	case err := <-ready:
-		return err
-	case <-time.After(30 * time.Second):
-		return errors.New("the server did not get ready in 30s")
+	if err := readyline.Wait(stdout, "agenthold: ready", 30*time.Second); err != nil {
+		return fmt.Errorf("the server did not get ready (%v); see %s", err, filepath.Join(w.dir, "server.log"))
 	}
+	return nil
 }
 
 func logFile(path string) io.Writer {

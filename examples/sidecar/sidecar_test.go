@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/internal/readyline"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/policy"
 )
@@ -444,25 +444,8 @@ func (p *pod) startSidecar() {
 	}
 	p.sidecar = cmd
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ready := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "sidecar: ready" {
-				ready <- true
-				io.Copy(io.Discard, stdout)
-				return
-			}
-		}
-		ready <- false
-	}()
-	select {
-	case ok := <-ready:
-		if !ok {
-			t.Fatal("the sidecar exited before it was ready")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the sidecar did not get ready")
+	if err := readyline.Wait(stdout, "sidecar: ready", 30*time.Second); err != nil {
+		t.Fatalf("the sidecar did not get ready: %v", err)
 	}
 	if out, err := p.as(sandboxUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle); err != nil {
 		t.Fatalf("install-ca: %v %s", err, out)
