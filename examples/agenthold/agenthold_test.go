@@ -181,6 +181,11 @@ func TestDemoWorld(t *testing.T) {
 		}
 		places[name] = b.String()
 	}
+	for _, args := range [][]string{{"policy", "show", "nobody"}, {"policy", "set", "nobody", "--allow", "example.com"}, {"exec", "nobody", "--", "true"}} {
+		if err := w.cli(io.Discard, args...); err == nil || !strings.Contains(err.Error(), `no agent "nobody"`) {
+			t.Errorf("agenthold %v for an unknown agent: %v, want no agent", args, err)
+		}
+	}
 	env, err := w.inSandbox("alice", "env")
 	if err != nil {
 		t.Fatal(err)

@@ -159,10 +159,19 @@ func (s *server) deleteAgent(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *server) getPolicy(w http.ResponseWriter, r *http.Request) {
+// pathAgent returns the agent the request's path names, or answers 404
+// and returns nil.
+func (s *server) pathAgent(w http.ResponseWriter, r *http.Request) *agent {
 	a := s.agents.get(r.PathValue("name"))
 	if a == nil {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no agent %q", r.PathValue("name")))
+	}
+	return a
+}
+
+func (s *server) getPolicy(w http.ResponseWriter, r *http.Request) {
+	a := s.pathAgent(w, r)
+	if a == nil {
 		return
 	}
 	s.agents.mu.RLock()
@@ -189,9 +198,8 @@ func (s *server) putPolicy(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) execInfo(w http.ResponseWriter, r *http.Request) {
-	a := s.agents.get(r.PathValue("name"))
+	a := s.pathAgent(w, r)
 	if a == nil {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no agent %q", r.PathValue("name")))
 		return
 	}
 	writeJSON(w, http.StatusOK, ExecInfo{NetNS: a.ns.Name, Env: s.sandboxEnv(a)})
