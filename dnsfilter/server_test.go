@@ -45,14 +45,7 @@ func newHarness(t *testing.T, allow []string, configure func(*Server)) *harness 
 	if configure != nil {
 		configure(h.srv)
 	}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := listenDNS(t)
 	h.addr = pc.LocalAddr().String()
 	done := make(chan error, 1)
 	go func() { done <- h.srv.Serve(pc, ln) }()

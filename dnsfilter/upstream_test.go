@@ -40,17 +40,26 @@ type upstream struct {
 	lastOpt *dns.OPT
 }
 
-func startUpstream(t testing.TB) *upstream {
+// listenDNS opens a UDP socket and a TCP listener on one loopback port,
+// as a DNS server serves both.
+func listenDNS(t testing.TB) (net.PacketConn, net.Listener) {
 	t.Helper()
-	u := &upstream{queries: map[string]int{}}
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", pc.LocalAddr().String())
 	if err != nil {
+		pc.Close()
 		t.Fatal(err)
 	}
+	return pc, ln
+}
+
+func startUpstream(t testing.TB) *upstream {
+	t.Helper()
+	u := &upstream{queries: map[string]int{}}
+	pc, ln := listenDNS(t)
 	u.addr = pc.LocalAddr().String()
 	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: u}, {Listener: ln, Handler: u}} {
 		started := make(chan struct{})
