@@ -3,7 +3,6 @@ package mitm
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
@@ -50,9 +49,7 @@ func (r *rig) clientFor(addr string, keepAlive bool) *http.Client {
 
 // clientProto is clientFor, over HTTP/2 when h2 is set.
 func (r *rig) clientProto(addr string, keepAlive, h2 bool) *http.Client {
-	pool := x509.NewCertPool()
-	pool.AddCert(r.ca.Cert)
-	pool.AddCert(r.up.cert)
+	pool := rootPool(r.ca, r.upRoot)
 	tr := &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool},
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -37,35 +36,27 @@ import (
 
 const secretValue = "sk-live-7f3c9d1e2b4a60581f2e3d4c5b6a7980" // the value that must never leak
 
-// upstreamCA signs the test upstreams' certificates; the interceptor
-// trusts it as its root.
-type upstreamCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
+// upstreamCert serves the test upstream's certificates, minted by its own
+// root (which the interceptor trusts) for the names it holds: any other
+// name gets api.test's certificate, which the interceptor must refuse.
+func upstreamCert(root *CA) func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	leaves := &Leaves{CA: root}
+	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		switch hello.ServerName {
+		case "api.test", "other.test", "open.test":
+			return leaves.Get(hello.ServerName)
+		}
+		return leaves.Get("api.test")
+	}
 }
 
-func newUpstreamCA(t testing.TB) *upstreamCA {
-	ca, err := NewCA("upstream test root")
-	if err != nil {
-		t.Fatal(err)
-	}
+// rootPool trusts the given CAs.
+func rootPool(cas ...*CA) *x509.CertPool {
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	return &upstreamCA{cert: ca.Cert, key: ca.Key, pool: pool}
-}
-
-func (u *upstreamCA) cert4(t testing.TB, names ...string) tls.Certificate {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	for _, ca := range cas {
+		pool.AddCert(ca.Cert)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, u.cert, &key.PublicKey, u.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return pool
 }
 
 // rig is an interceptor in front of a real HTTPS upstream on 127.0.0.2,
@@ -79,7 +70,7 @@ type rig struct {
 	vault    *vault.Vault
 	log      *egresslog.Log
 	pol      *policy.Policy
-	up       *upstreamCA
+	upRoot   *CA // signs the upstream's certificates
 	upPort   uint16
 	addr     string // where the sandbox connects
 	ph       string // a1's placeholder for the secret
@@ -89,9 +80,12 @@ type rig struct {
 }
 
 func newRig(t testing.TB) *rig {
-	r := &rig{t: t, up: newUpstreamCA(t), log: &egresslog.Log{}, mux: http.NewServeMux()}
+	r := &rig{t: t, log: &egresslog.Log{}, mux: http.NewServeMux()}
 	var err error
 	if r.ca, err = NewCA("mitm test"); err != nil {
+		t.Fatal(err)
+	}
+	if r.upRoot, err = NewCA("upstream test root"); err != nil {
 		t.Fatal(err)
 	}
 	r.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
@@ -106,7 +100,7 @@ func newRig(t testing.TB) *rig {
 		t.Fatal(err)
 	}
 	r.upPort = uint16(ln.Addr().(*net.TCPAddr).Port)
-	upSrv := &http.Server{Handler: r.mux, ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{Certificates: []tls.Certificate{r.up.cert4(t, "api.test", "other.test", "open.test")}, NextProtos: []string{"h2", "http/1.1"}}}
+	upSrv := &http.Server{Handler: r.mux, ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{GetCertificate: upstreamCert(r.upRoot), NextProtos: []string{"h2", "http/1.1"}}}
 	go upSrv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { upSrv.Close() })
 
@@ -134,7 +128,7 @@ func newRig(t testing.TB) *rig {
 		Injector: r.vault,
 		Guard:    guard,
 		Resolver: fixedResolver{"api.test": loop, "other.test": loop, "broken.test": loop, "selfsigned.test": {netip.MustParseAddr("127.0.0.3")}},
-		RootCAs:  r.up.pool,
+		RootCAs:  rootPool(r.upRoot),
 		Log:      r.log,
 	}
 	t.Cleanup(func() { r.ic.Close() })
@@ -175,8 +169,7 @@ func (f fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.A
 // client returns an HTTP client that trusts the interception CA and
 // connects every request to addr.
 func (r *rig) client(addr string, h2 bool) *http.Client {
-	pool := x509.NewCertPool()
-	pool.AddCert(r.ca.Cert)
+	pool := rootPool(r.ca)
 	tr := &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool},
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -310,8 +303,7 @@ func TestServerSentEventsStream(t *testing.T) {
 func TestWebSocketEcho(t *testing.T) {
 	r := newRig(t)
 	r.mux.Handle("/ws", websocket.Handler(func(ws *websocket.Conn) { io.Copy(ws, ws) }))
-	pool := x509.NewCertPool()
-	pool.AddCert(r.ca.Cert)
+	pool := rootPool(r.ca)
 	cfg, err := websocket.NewConfig("wss://api.test/ws", "https://api.test/")
 	if err != nil {
 		t.Fatal(err)
@@ -465,8 +457,7 @@ func TestHostMismatchJudgedOnItsOwn(t *testing.T) {
 // would.
 func TestCoalescedHTTP2(t *testing.T) {
 	r := newRig(t)
-	pool := x509.NewCertPool()
-	pool.AddCert(r.ca.Cert)
+	pool := rootPool(r.ca)
 	var protos http.Protocols
 	protos.SetHTTP2(true)
 	tr := &http.Transport{
@@ -569,8 +560,7 @@ func TestLeavesCache(t *testing.T) {
 		}
 	}
 	leaf := certs[0].Leaf
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
+	pool := rootPool(ca)
 	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "new.example", Roots: pool}); err != nil {
 		t.Fatalf("leaf does not verify for its host: %v", err)
 	}
