@@ -148,6 +148,20 @@ func TestServerFirstByName(t *testing.T) {
 	}
 }
 
+// TestServerFirstAfterHalfClose: a client that shuts its side without a
+// word still hears a server that speaks first.
+func TestServerFirstAfterHalfClose(t *testing.T) {
+	w := newWorld(t, []string{"svc.test:*"}, nil)
+	w.setNames("svc.test")
+	c := w.dial(w.bannerAddr).(*net.TCPConn)
+	c.CloseWrite()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "SSH-2.0-test_banner\r\n" {
+		t.Fatalf("banner after half-close: %q, %v", line, err)
+	}
+}
+
 func TestOtherTCPWithoutNameDenied(t *testing.T) {
 	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.HelloTimeout = 300 * time.Millisecond })
 	c := w.dial(w.bannerAddr) // no remembered name
@@ -231,6 +245,23 @@ func TestIdleTimeout(t *testing.T) {
 		t.Fatal("idle connection got data")
 	}
 	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonIdle })
+}
+
+// TestIdleBeforeAnyoneSpeaks: with a target to speculate on, a silent
+// client waits for a server that may speak first, up to the idle timeout,
+// and the record says so and names the target.
+func TestIdleBeforeAnyoneSpeaks(t *testing.T) {
+	w := newWorld(t, nil, func(p *Proxy) { p.IdleTimeout = 200 * time.Millisecond })
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	c := w.dial(w.echoAddr) // the echo server waits for the client
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("silent connection got data")
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Kind == egresslog.KindTCP })
+	if r.Reason != ReasonIdle || r.Host != w.echoAddr.Addr().String() {
+		t.Errorf("record %+v, want %q for %s", r, ReasonIdle, w.echoAddr.Addr())
+	}
 }
 
 func TestConnectionLimits(t *testing.T) {

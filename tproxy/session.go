@@ -392,13 +392,19 @@ func (s *session) run(buffered []byte) {
 
 	if len(buf) == 0 {
 		switch {
-		case isTimeout(clientErr) && !sp.ok:
+		case isTimeout(clientErr) && sp.ok:
+			// Neither side spoke within the idle timeout.
+			s.deny(sp.target, sp.target.decision, ReasonIdle)
+			return
+		case isTimeout(clientErr):
 			s.deny(target{}, policy.Decision{Reason: ReasonHelloTimeout}, "")
 			return
-		case !sp.ok || isTimeout(clientErr):
+		case !sp.ok:
 			s.deny(target{}, policy.Decision{Reason: ReasonClientClosed}, "")
 			return
 		}
+		// The client half-closed without a word: a server that speaks
+		// first still gets the connection.
 	}
 
 	switch sniff(buf) {
