@@ -41,7 +41,9 @@ type Rule struct {
 	// {{.Value}}.
 	Template string `json:"template,omitempty"`
 	// Paths, if any, limit the rule to URL paths with one of these
-	// prefixes.
+	// prefixes, whole segments. A path a server could read as another
+	// (with dot segments, empty segments, backslashes or semicolons)
+	// matches no limited rule.
 	Paths []string `json:"paths,omitempty"`
 	// Mode is Inject (the default when empty) or Login.
 	Mode Mode `json:"mode,omitempty"`
@@ -97,8 +99,8 @@ func (r Rule) compile() (*compiledRule, error) {
 		}
 	}
 	for _, p := range r.Paths {
-		if !strings.HasPrefix(p, "/") {
-			return nil, fmt.Errorf("vault: path %q does not start with /", p)
+		if !plainPath(p) {
+			return nil, fmt.Errorf("vault: path %q is not a plain absolute path", p)
 		}
 	}
 	text := r.Template
@@ -162,12 +164,32 @@ func (c *compiledRule) matches(h, path string) bool {
 	if len(c.Paths) == 0 {
 		return true
 	}
+	if !plainPath(path) {
+		return false
+	}
 	for _, p := range c.Paths {
 		if pathHasPrefix(path, p) {
 			return true
 		}
 	}
 	return false
+}
+
+// plainPath reports whether a (decoded) URL path means the same to every
+// server: absolute, with no dot or empty segments, and no backslash or
+// semicolon, which some servers read as a separator ("/v1/..;/admin").
+// Otherwise "/allowed/../elsewhere" would carry a path-limited secret
+// outside its paths. A trailing slash is allowed.
+func plainPath(p string) bool {
+	if !strings.HasPrefix(p, "/") || strings.ContainsAny(p, "\\;") {
+		return false
+	}
+	for _, seg := range strings.Split(strings.TrimSuffix(p[1:], "/"), "/") {
+		if seg == "" && p != "/" || seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // pathHasPrefix matches whole segments: "/v1" covers "/v1" and "/v1/x",

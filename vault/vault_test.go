@@ -294,6 +294,8 @@ func TestRuleChecks(t *testing.T) {
 		{Hosts: []string{"api.example.com"}, Header: "X", Template: `{{env "HOME"}}{{.Value}}`},
 		{Hosts: []string{"api.example.com"}, Header: "X", Mode: "sometimes"},
 		{Hosts: []string{"api.example.com"}, Header: "X", Paths: []string{"v1"}},
+		{Hosts: []string{"api.example.com"}, Header: "X", Paths: []string{"/v1/../admin"}},
+		{Hosts: []string{"api.example.com"}, Header: "X", Paths: []string{"/v1//x"}},
 		{Hosts: []string{"*.com*"}, Header: "X"},
 		{Hosts: []string{"bad host"}, Header: "X"},
 	}
@@ -386,6 +388,14 @@ func TestInjection(t *testing.T) {
 		{"login only its header", "a1", "https://chatgpt.com/backend-api/me", http.Header{"X-Other": {ph["login"]}}, "", []check{{"X-Other", ph["login"]}, {"Authorization", ""}}, ""},
 		{"login path limit", "a1", "https://chatgpt.com/other", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
 		{"login path segment", "a1", "https://chatgpt.com/backend-apix", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with dot segments", "a1", "https://chatgpt.com/backend-api/../admin", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with encoded dot segments", "a1", "https://chatgpt.com/backend-api/%2e%2e/admin", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with a dot segment", "a1", "https://chatgpt.com/backend-api/./me", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with a semicolon", "a1", "https://chatgpt.com/backend-api/..;/admin", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with a backslash", "a1", "https://chatgpt.com/backend-api/..%5cadmin", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with an empty segment", "a1", "https://chatgpt.com/backend-api//me", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "", []check{{"Authorization", "Bearer " + ph["login"]}}, ""},
+		{"login path with a trailing slash", "a1", "https://chatgpt.com/backend-api/me/", http.Header{"Authorization": {"Bearer " + ph["login"]}}, "login", []check{{"Authorization", "Bearer LOGIN-TOKEN"}}, ""},
+		{"gitlab api path with dot segments", "a1", "https://gitlab.com/api/../users/sign_in", nil, "gitlab-git", []check{{"PRIVATE-TOKEN", ""}}, ""},
 		{"login query untouched", "a1", "https://chatgpt.com/backend-api/x?t=" + ph["login"], http.Header{"Authorization": {"Bearer " + ph["login"]}}, "login", nil, "t=" + ph["login"]},
 	}
 	for _, tt := range tests {
