@@ -658,8 +658,8 @@ func TestRefreshExchange(t *testing.T) {
 		var in map[string]string
 		json.NewDecoder(req.Body).Decode(&in)
 		if in["grant_type"] != "refresh_token" || in["refresh_token"] != *current.Load() {
-			t.Logf("grant with %q, want %q", in["refresh_token"], *current.Load())
-			http.Error(w, `{"error":"invalid_grant"}`, http.StatusBadRequest)
+			// Like some servers, the error echoes the token it got.
+			http.Error(w, `{"error":"invalid_grant","error_description":"unknown token `+in["refresh_token"]+`"}`, http.StatusBadRequest)
 			return
 		}
 		n := grants.Add(1)
@@ -700,6 +700,20 @@ func TestRefreshExchange(t *testing.T) {
 	resp, _ := r.get(c, "https://api.test/backend-api/me", http.Header{"Authorization": {"Bearer " + aph.Placeholder}})
 	if resp.StatusCode != 200 || r.upstreamHeader().Get("Authorization") != "Bearer AT-2-real" {
 		t.Fatalf("access token after refresh: %q", r.upstreamHeader().Get("Authorization"))
+	}
+	// A refused grant whose error echoes the real token reaches the
+	// sandbox with the placeholder in its place.
+	if err := r.vault.Replace("refresh", []byte("RT-stale-real")); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"`+rph.Placeholder+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoed, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(echoed), "RT-stale-real") || !strings.Contains(string(echoed), "unknown token "+rph.Placeholder) {
+		t.Fatalf("refused grant: %d %s", resp.StatusCode, echoed)
 	}
 	// A grant with a token that is not the placeholder passes through.
 	resp2, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"something-else"}`))

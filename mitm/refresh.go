@@ -81,11 +81,13 @@ func isRefreshGrant(contentType string, body []byte) bool {
 // exchange performs the grant upstream and answers the sandbox.
 func (x *RefreshExchange) exchange(w http.ResponseWriter, r *http.Request, agent string, body []byte, refreshPH string) {
 	filled, used, err := x.Store.FillBody(agent, x.Host, x.Path, body)
-	if err != nil || len(used) == 0 {
+	sent, sentUsed, sentErr := x.Store.FillBody(agent, x.Host, x.Path, []byte(refreshPH))
+	if err != nil || sentErr != nil || len(used) == 0 || len(sentUsed) == 0 || len(sent) == 0 {
 		http.Error(w, "egress: the refresh token's rule does not name this endpoint", http.StatusBadGateway)
 		return
 	}
 	defer clear(filled) // once the request is long sent
+	defer clear(sent)
 	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "https://"+x.Host+x.Path, bytes.NewReader(filled))
 	if err != nil {
 		http.Error(w, "egress: token request", http.StatusBadGateway)
@@ -117,6 +119,9 @@ func (x *RefreshExchange) exchange(w http.ResponseWriter, r *http.Request, agent
 			return
 		}
 	}
+	// Whatever the status, the token the grant sent goes back as the
+	// placeholder: an error may echo the request.
+	out = bytes.ReplaceAll(out, sent, []byte(refreshPH))
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(resp.StatusCode)
