@@ -15,7 +15,13 @@
 // sets the rule's header, only for that agent and only on requests to the
 // rule's hosts and paths; a placeholder bound anywhere else leaves
 // unchanged. Login rules replace the placeholder inside the one header
-// the client sent and never add it.
+// the client sent and never add it. A path-limited rule matches only
+// plain paths: no dot or empty segments, backslashes or semicolons.
+//
+// Name in a rule only hosts trusted with the value. The gateway does not
+// rewrite responses, so a host that echoes request headers back (an HTTP
+// echo service, a debugging endpoint) would show the injected value to
+// the sandbox.
 //
 // Typical use:
 //
