@@ -85,9 +85,10 @@ type Server struct {
 	upstreams []string
 	upErr     error
 
-	mu      sync.Mutex
-	servers []*dns.Server
-	closed  bool
+	mu       sync.Mutex
+	servers  []*dns.Server  // started, and not yet shut down
+	starting sync.WaitGroup // Serve calls starting their servers; Add only under mu while !closed
+	closed   bool
 }
 
 func (s *Server) init() {
@@ -184,13 +185,33 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		}
 		return ErrServerClosed
 	}
-	s.servers = append(s.servers, servers...)
+	// A Shutdown that lands while the servers start waits for them, then
+	// shuts down what started: a miekg server that is not yet started
+	// cannot be shut down, and would serve forever.
+	s.starting.Add(1)
 	s.mu.Unlock()
 
 	errc := make(chan error, len(servers))
-	for _, d := range servers {
+	for n, d := range servers {
+		up := make(chan struct{})
+		d.NotifyStartedFunc = func() { close(up) }
 		go func() { errc <- d.ActivateAndServe() }()
+		select {
+		case <-up:
+		case err := <-errc:
+			s.registerStarted(nil)
+			for _, d := range servers[:n] {
+				d.Shutdown()
+				<-errc
+			}
+			for _, d := range servers {
+				closeServerConn(d)
+			}
+			return fmt.Errorf("dnsfilter: %w", err)
+		}
 	}
+	s.registerStarted(servers)
+
 	var first error
 	for range servers {
 		if err := <-errc; err != nil && first == nil {
@@ -204,6 +225,15 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		return ErrServerClosed
 	}
 	return first
+}
+
+// registerStarted registers servers that have started, so that Shutdown
+// reaches them, and releases any Shutdown waiting for them.
+func (s *Server) registerStarted(servers []*dns.Server) {
+	s.mu.Lock()
+	s.servers = append(s.servers, servers...)
+	s.mu.Unlock()
+	s.starting.Done()
 }
 
 func closeServerConn(d *dns.Server) {
@@ -220,6 +250,9 @@ func closeServerConn(d *dns.Server) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
+	s.mu.Unlock()
+	s.starting.Wait() // bounded: a miekg server starts or fails without waiting on a client
+	s.mu.Lock()
 	servers := s.servers
 	s.servers = nil
 	s.mu.Unlock()

@@ -44,16 +44,21 @@ type upstream struct {
 // as a DNS server serves both.
 func listenDNS(t testing.TB) (net.PacketConn, net.Listener) {
 	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
+	// The UDP port's TCP twin may be taken (by a connection in TIME_WAIT,
+	// say): try another pair.
+	for range 20 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, ln
+		}
 		pc.Close()
-		t.Fatal(err)
 	}
-	return pc, ln
+	t.Fatal("no free UDP and TCP port pair on 127.0.0.1")
+	return nil, nil
 }
 
 func startUpstream(t testing.TB) *upstream {
