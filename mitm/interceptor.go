@@ -150,11 +150,15 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 	info := &connInfo{agent: agent, pol: pol, host: host, port: port}
 	done := make(chan struct{})
 	var once sync.Once
-	var inflight sync.WaitGroup
+	var active activeRequests
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			inflight.Add(1)
-			defer inflight.Done()
+			if !active.start() {
+				w.Header().Set("Connection", "close")
+				http.Error(w, "egress: connection is closing", http.StatusServiceUnavailable)
+				return
+			}
+			defer active.done()
 			i.serveHTTP(w, r)
 		}),
 		ReadHeaderTimeout: i.timeout(),
@@ -177,9 +181,52 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 	case <-done:
 	case <-ctx.Done():
 	}
-	inflight.Wait()
+	active.closeAndWait()
 	srv.Close()
 	tlsConn.Close()
+}
+
+// activeRequests counts a connection's requests in progress under the
+// lock that closeAndWait takes, so that no request starts after the wait
+// has begun (a WaitGroup's Add may not race its Wait).
+type activeRequests struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   chan struct{} // closed when closed and n is zero
+}
+
+// start counts a request in, unless the connection is closing.
+func (a *activeRequests) start() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return false
+	}
+	a.n++
+	return true
+}
+
+func (a *activeRequests) done() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n--
+	if a.closed && a.n == 0 {
+		close(a.idle)
+	}
+}
+
+// closeAndWait refuses new requests and waits for those in progress.
+func (a *activeRequests) closeAndWait() {
+	a.mu.Lock()
+	a.closed = true
+	a.idle = make(chan struct{})
+	if a.n == 0 {
+		close(a.idle)
+	}
+	idle := a.idle
+	a.mu.Unlock()
+	<-idle
 }
 
 // reqState is one request's bookkeeping, shared by the handler, the
