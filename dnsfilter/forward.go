@@ -18,10 +18,12 @@ const upstreamUDPSize = 1232
 // SystemUpstreams returns the name servers of /etc/resolv.conf as
 // "host:port".
 func SystemUpstreams() ([]string, error) {
-	return upstreamsFromFile("/etc/resolv.conf")
+	return UpstreamsFromFile("/etc/resolv.conf")
 }
 
-func upstreamsFromFile(path string) ([]string, error) {
+// UpstreamsFromFile returns the name servers of a resolv.conf file as
+// "host:port".
+func UpstreamsFromFile(path string) ([]string, error) {
 	cc, err := dns.ClientConfigFromFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("dnsfilter: read %s: %w", path, err)

@@ -87,20 +87,45 @@ const (
 	MaxSecretLen = 128
 )
 
-// sanitize bounds the record's strings and drops the query string.
+// sanitize bounds the record's strings, escapes their control characters
+// (so no sink, table or metric label ever shows a raw newline that could
+// forge a line), and drops the query string.
 func (r *Record) sanitize() {
 	if i := strings.IndexAny(r.Path, "?#"); i >= 0 {
 		r.Path = r.Path[:i]
 	}
-	r.Agent = truncate(r.Agent, MaxAgentLen)
-	r.Host = truncate(r.Host, MaxHostLen)
-	r.Method = truncate(r.Method, MaxMethodLen)
-	r.Path = truncate(r.Path, MaxPathLen)
-	r.Reason = truncate(r.Reason, MaxReasonLen)
-	r.Rule = truncate(r.Rule, MaxRuleLen)
-	r.Secret = truncate(r.Secret, MaxSecretLen)
-	r.Kind = Kind(truncate(string(r.Kind), 16))
+	r.Agent = truncate(escapeControls(r.Agent), MaxAgentLen)
+	r.Host = truncate(escapeControls(r.Host), MaxHostLen)
+	r.Method = truncate(escapeControls(r.Method), MaxMethodLen)
+	r.Path = truncate(escapeControls(r.Path), MaxPathLen)
+	r.Reason = truncate(escapeControls(r.Reason), MaxReasonLen)
+	r.Rule = truncate(escapeControls(r.Rule), MaxRuleLen)
+	r.Secret = truncate(escapeControls(r.Secret), MaxSecretLen)
+	r.Kind = Kind(truncate(escapeControls(string(r.Kind)), 16))
 }
+
+// escapeControls writes ASCII control characters as Go escapes (\n,
+// \x1b); a string without any is returned as it is, without allocating.
+func escapeControls(s string) string {
+	i := strings.IndexFunc(s, isControl)
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	b.WriteString(s[:i])
+	for _, c := range []byte(s[i:]) {
+		if !isControl(rune(c)) {
+			b.WriteByte(c)
+			continue
+		}
+		q := strconv.QuoteRune(rune(c)) // '\n', '\x1b'
+		b.WriteString(q[1 : len(q)-1])
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

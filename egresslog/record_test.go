@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -100,6 +102,25 @@ func TestSanitize(t *testing.T) {
 	if len(r.Reason) > MaxReasonLen || !utf8.ValidString(r.Reason) {
 		t.Errorf("reason cut badly: %d bytes, valid=%v", len(r.Reason), utf8.ValidString(r.Reason))
 	}
+}
+
+// TestSanitizeEscapesControls keeps a hostile name, path or reason from
+// forging lines in a table, a text log or a metric label.
+func TestSanitizeEscapesControls(t *testing.T) {
+	r := Record{
+		Host:   "evil.test\nFORGED allowed",
+		Path:   "/a\r\nb",
+		Reason: "upstream: boom\n\x1b[31mred\x7f",
+		Rule:   "tab\there",
+	}
+	r.sanitize()
+	assert.Equal(t, `evil.test\nFORGED allowed`, r.Host)
+	assert.Equal(t, `/a\r\nb`, r.Path)
+	assert.Equal(t, `upstream: boom\n\x1b[31mred\x7f`, r.Reason)
+	assert.Equal(t, `tab\there`, r.Rule)
+	clean := "plain é ✓"
+	assert.Equal(t, clean, escapeControls(clean))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { escapeControls(clean) }), "a clean string allocates")
 }
 
 func FuzzAppendJSON(f *testing.F) {

@@ -59,8 +59,12 @@ func TestShutdownWithLiveClients(t *testing.T) {
 			}()
 		}
 		client(0, func() error { return echoThrough(tln.Addr().String()) })
-		client(1, func() error { return connectThrough(eln.Addr().String(), fmt.Sprintf("svc.test:%d", w.echoAddr.Port())) })
-		client(2, func() error { return getThrough(eln.Addr().String(), fmt.Sprintf("http://api.test:%d/", w.httpAddr.Port())) })
+		client(1, func() error {
+			return connectThrough(eln.Addr().String(), fmt.Sprintf("svc.test:%d", w.echoAddr.Port()))
+		})
+		client(2, func() error {
+			return getThrough(eln.Addr().String(), fmt.Sprintf("http://api.test:%d/", w.httpAddr.Port()))
+		})
 
 		// Land early in the first cycles, then after more and more
 		// requests went through.

@@ -3,14 +3,19 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/internal/netns"
 )
@@ -92,6 +97,10 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"agent", "create"}, exitUsage},
 		{[]string{"secret", "attach", "a", "s"}, exitUsage},
 		{[]string{"exec", "alice", "echo"}, exitUsage},
+		{[]string{"exec", "alice", "--"}, exitUsage},
+		{[]string{"agent", "create", "a", "b"}, exitUsage},
+		{[]string{"agent", "bogus"}, exitUsage},
+		{[]string{"--socket"}, exitUsage},
 		{[]string{"agent", "list", "--socket", socket}, exitUnreachable},
 		{[]string{"log", "--socket", socket}, exitUnreachable},
 		{[]string{"help"}, exitOK},
@@ -118,7 +127,7 @@ func TestDemoWorld(t *testing.T) {
 			t.Skipf("requires %s (make deps)", c)
 		}
 	}
-	t.Setenv("AGENTHOLD_TEST_AS_CLI", "1")
+	standInForCLI(t)
 	w, err := buildWorld()
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +207,15 @@ func TestDemoWorld(t *testing.T) {
 	places["a host without a rule"] = echo
 	serverLog, _ := os.ReadFile(filepath.Join(w.dir, "server.log"))
 	places["the server's log"] = string(serverLog)
+	// The persistent log file holds every record, for root only.
+	logFile := filepath.Join(w.dir, "egress.jsonl")
+	fileLog, err := os.ReadFile(logFile)
+	require.NoError(t, err)
+	places["the log file"] = string(fileLog)
+	assert.Contains(t, string(fileLog), `"agent":"bob","kind":"http","host":"www.example.com"`)
+	if st, err := os.Stat(logFile); assert.NoError(t, err) {
+		assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
+	}
 	for where, text := range places {
 		for _, v := range []string{demoAnthropicKey, demoGitHubToken} {
 			if strings.Contains(text, v) {
@@ -223,6 +241,20 @@ func TestDemoWorld(t *testing.T) {
 	if err != nil || !strings.Contains(out, "Example Domain") {
 		t.Fatalf("the adopted namespace has no gateway: %v %q", err, out)
 	}
+	// The production path: a container joins the adopted namespace. Here
+	// the confinement a runtime would set up comes from util-linux (new
+	// mount and PID namespaces, an unprivileged uid, no capability,
+	// no_new_privs), with the namespace's resolv.conf as the runtime
+	// would mount it.
+	container := exec.Command("nsenter", "--net="+adopted.Path(), "--",
+		"unshare", "--mount", "--pid", "--fork", "--mount-proc", "--",
+		"sh", "-c", `mount --bind /etc/netns/$0/resolv.conf /etc/resolv.conf && exec setpriv --reuid=4242 --regid=4242 --clear-groups --inh-caps=-all --bounding-set=-all --no-new-privs -- sh -c 'id -u; grep CapEff /proc/self/status; curl -sS --max-time 10 http://www.example.com/'`, adopted.Name)
+	container.Env = childEnv()
+	out2, err := container.CombinedOutput()
+	require.NoError(t, err, "%s", out2)
+	assert.Contains(t, string(out2), "4242\n")
+	assert.Contains(t, string(out2), "CapEff:\t0000000000000000")
+	assert.Contains(t, string(out2), "Example Domain", "a container in the adopted namespace reaches the web through the gateway")
 	if err := w.cli(io.Discard, "agent", "delete", "carol"); err != nil {
 		t.Fatal(err)
 	}
@@ -242,3 +274,212 @@ func TestDemoWorld(t *testing.T) {
 }
 
 func mustPrefix(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+
+// standInForCLI lets this test binary run as agenthold for the programs
+// the world starts, without the race detector's second of sleep at the
+// exit of each.
+func standInForCLI(t *testing.T) {
+	t.Setenv(testAsCLIEnv, "1")
+	t.Setenv("GORACE", "atexit_sleep_ms=0")
+}
+
+// requireWorld skips unless the demo's world can be built here, and
+// builds it.
+func requireWorld(t *testing.T) *world {
+	t.Helper()
+	if err := netns.Available(); err != nil {
+		t.Skipf("requires root and iproute2 to build namespaces: %v", err)
+	}
+	for _, c := range []string{"curl", "git", "nsenter", "nft"} {
+		if _, err := exec.LookPath(c); err != nil {
+			t.Skipf("requires %s (make deps)", c)
+		}
+	}
+	standInForCLI(t)
+	w, err := buildWorld()
+	require.NoError(t, err)
+	t.Cleanup(w.teardown)
+	return w
+}
+
+// TestSandboxConfinement runs a hostile script through `agenthold exec`
+// and checks that every way out it tries fails, while the same sandbox,
+// as the same user, still reaches what its policy allows, with its
+// credential injected.
+func TestSandboxConfinement(t *testing.T) {
+	w := requireWorld(t)
+	data := filepath.Join(w.dir, "data")
+	var bobNS string
+	for _, a := range w.agentInfos(t) {
+		if a.Name == "bob" {
+			bobNS = a.NetNS
+		}
+	}
+	require.NotEmpty(t, bobNS)
+	serverPID := w.server.Process.Pid
+
+	// Each probe prints one line: the name of the escape, then "blocked"
+	// or what it got.
+	probes := []struct{ name, script string }{
+		{"uid is not root", `[ "$(id -u)" != 0 ] && echo blocked`},
+		{"no supplementary group", `[ "$(id -G)" = "$(id -g)" ] && echo blocked`},
+		{"no capability in any set", `grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status | grep -qv '0000000000000000' || echo blocked`},
+		{"no_new_privs", `grep -q '^NoNewPrivs:.*1' /proc/self/status && echo blocked`},
+		{"master key", `cat ` + filepath.Join(data, "master.key") + ` >/dev/null 2>&1 || echo blocked`},
+		{"CA key", `cat ` + filepath.Join(data, "egress", "ca.key") + ` >/dev/null 2>&1 || echo blocked`},
+		{"sealed secrets", `cat ` + filepath.Join(data, "secrets.json") + ` >/dev/null 2>&1 || echo blocked`},
+		{"agent records", `cat ` + filepath.Join(data, "agents.json") + ` >/dev/null 2>&1 || echo blocked`},
+		{"admin socket", `curl -s --max-time 2 --unix-socket ` + w.socket + ` http://agenthold/v1/agents >/dev/null 2>&1 || echo blocked`},
+		{"namespaces listed", `[ -z "$(ls -A /run/netns 2>/dev/null)" ] && echo blocked`},
+		{"another agent's namespace", `nsenter --net=/run/netns/` + bobNS + ` true 2>/dev/null || echo blocked`},
+		{"the init namespace through /proc/1", `nsenter --net=/proc/1/ns/net true 2>/dev/null || echo blocked`},
+		{"the server's process", fmt.Sprintf(`[ ! -e /proc/%d ] && ! kill -0 %d 2>/dev/null && echo blocked`, serverPID, serverPID)},
+		{"only its own processes", `[ "$(ls -d /proc/[0-9]* | wc -l)" -lt 8 ] && echo blocked`},
+		{"the demo's files in /tmp", `[ ! -e ` + w.dir + `/agenthold.yaml ] && echo blocked`},
+		{"no inherited descriptor", `[ "$(ls /proc/self/fd | sort -n | tr '\n' ' ')" = "0 1 2 3 " ] && echo blocked`},
+		{"writes to the host", `touch /etc/agenthold-escape 2>/dev/null || echo blocked`},
+	}
+	var script strings.Builder
+	for _, p := range probes {
+		fmt.Fprintf(&script, "printf '%%s: ' %q; ( %s ) | head -1; echo\n", p.name, p.script)
+	}
+	out, err := w.inSandbox("alice", script.String())
+	require.NoError(t, err, out)
+	for _, p := range probes {
+		assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(p.name)+`: blocked$`, out, "escape %q", p.name)
+	}
+	_, err = os.Stat("/etc/agenthold-escape")
+	assert.ErrorIs(t, err, os.ErrNotExist)
+
+	// The same sandbox, as the same user: TLS passed through to an
+	// allowed host, and an intercepted host that sees the injected key.
+	out, err = w.inSandbox("alice", `id -u; curl -sS --noproxy '*' https://registry.npmjs.org/x; echo; curl -sS -N --noproxy '*' https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}'`)
+	require.NoError(t, err, out)
+	alice := w.agentInfo(t, "alice")
+	assert.Contains(t, out, fmt.Sprintf("%d\n", alice.UID))
+	assert.NotEqual(t, uint32(0), alice.UID)
+	assert.Contains(t, out, `"served-by":"registry.npmjs.org"`)
+	assert.Contains(t, out, "message_stop", "the fake API answers only with the injected key")
+
+	// Files the agent writes stay in its home, and survive the exec.
+	_, err = w.inSandbox("alice", `echo kept > note && pwd`)
+	require.NoError(t, err)
+	out, err = w.inSandbox("alice", `cat note; stat -c %u note`)
+	require.NoError(t, err, out)
+	assert.Equal(t, fmt.Sprintf("kept\n%d\n", alice.UID), out)
+	out, err = w.inSandbox("bob", `cat /home/alice/note 2>&1 || echo blocked`)
+	require.NoError(t, err)
+	assert.Contains(t, out, "blocked", "bob reads alice's home")
+
+	// exec passes the command's exit status on.
+	_, err = w.inSandbox("alice", "exit 7")
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 7, ee.ExitCode())
+}
+
+// TestServerCrashRecovery kills the server with SIGKILL while two agents
+// exist and starts it again, twice: the second time under `ip netns
+// exec`, whose private mount namespace took the first sandbox namespaces
+// with it. Each time both agents work again, with exactly one namespace,
+// veth pair and nftables table each, and nothing left over.
+func TestServerCrashRecovery(t *testing.T) {
+	w := requireWorld(t)
+	data := filepath.Join(w.dir, "data")
+	works := func(when string) {
+		t.Helper()
+		out, err := w.inSandbox("alice", `curl -sS -N https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}'`)
+		assert.NoError(t, err, "%s: alice: %s", when, out)
+		assert.Contains(t, out, "message_stop", "%s: alice's injected call", when)
+		out, err = w.inSandbox("bob", `curl -sS http://www.example.com/`)
+		assert.NoError(t, err, "%s: bob: %s", when, out)
+		assert.Contains(t, out, "Example Domain", "%s: bob", when)
+	}
+	exactlyOneEach := func(when string) {
+		t.Helper()
+		list, err := exec.Command("ip", "netns", "list").Output()
+		require.NoError(t, err)
+		count := map[string]int{}
+		for _, line := range strings.Split(string(list), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], nsPrefix(data)) {
+				count[f[0]]++
+			}
+		}
+		assert.Equal(t, map[string]int{nsName(data, "alice"): 1, nsName(data, "bob"): 1}, count, "%s: the namespaces of this server", when)
+		links, err := w.gw.Run(context.Background(), "ip", "-o", "link")
+		require.NoError(t, err)
+		assert.Equal(t, 2, strings.Count(links, linkPrefix(data)), "%s: veth pairs in %s", when, links)
+		tables, err := w.gw.Run(context.Background(), "nft", "list", "tables")
+		require.NoError(t, err)
+		assert.Equal(t, 1, strings.Count(tables, tableName(data)), "%s: tables %s", when, tables)
+	}
+	works("before the crash")
+	exactlyOneEach("before the crash")
+
+	crash := func() {
+		t.Helper()
+		require.NoError(t, w.server.Process.Kill())
+		w.server.Wait()
+		// While it is down, the sandboxes have no network.
+		out, err := exec.Command("ip", "netns", "exec", nsName(data, "bob"), "curl", "-sS", "--max-time", "3", "http://www.example.com/").CombinedOutput()
+		assert.Error(t, err, "a sandbox reached the network with the server down: %s", out)
+	}
+	crash()
+	require.NoError(t, w.startServer())
+	works("after a restart")
+	exactlyOneEach("after a restart")
+
+	// Under `ip netns exec` the server has a mount namespace of its own:
+	// it adopts the namespaces it finds, and those it creates are mounted
+	// only there (exec reaches them through /proc/PID/root).
+	crash()
+	w.serveUnder = []string{"ip", "netns", "exec", w.gw.Name}
+	require.NoError(t, w.startServer())
+	works("after a restart under ip netns exec")
+	exactlyOneEach("after a restart under ip netns exec")
+	require.NoError(t, w.cli(io.Discard, "agent", "create", "carol", "--mode", "allowlist", "--allow", "www.example.com"))
+	out, err := w.inSandbox("carol", "curl -sS http://www.example.com/")
+	assert.NoError(t, err, out)
+	assert.Contains(t, out, "Example Domain", "exec into a namespace mounted in the server's private mount namespace")
+	serverLog, err := os.ReadFile(filepath.Join(w.dir, "server.log"))
+	require.NoError(t, err)
+	assert.Contains(t, string(serverLog), "mount namespace of its own", "the private mount namespace is reported")
+	assert.Contains(t, string(serverLog), "/etc/netns/"+w.gw.Name+"/resolv.conf", "the DNS upstream's source is reported")
+
+	// Its crash takes carol's namespace with its mount namespace, leaving
+	// a bare file at the path: the next server makes it again.
+	require.NoError(t, w.server.Process.Kill())
+	w.server.Wait()
+	w.serveUnder = nil
+	require.NoError(t, w.startServer())
+	works("after the private mount namespace died")
+	out, err = w.inSandbox("carol", "curl -sS http://www.example.com/")
+	assert.NoError(t, err, out)
+	assert.Contains(t, out, "Example Domain", "carol after her namespace was made again")
+
+	w.teardown()
+	list, err := exec.Command("ip", "netns", "list").Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(list), nsPrefix(data), "namespaces left after the server stopped")
+}
+
+// agentInfos lists the world's agents through the command line.
+func (w *world) agentInfos(t *testing.T) []AgentInfo {
+	t.Helper()
+	var b strings.Builder
+	require.NoError(t, w.cli(&b, "agent", "list", "--json"))
+	var list []AgentInfo
+	require.NoError(t, json.Unmarshal([]byte(b.String()), &list))
+	return list
+}
+
+func (w *world) agentInfo(t *testing.T, name string) AgentInfo {
+	t.Helper()
+	for _, a := range w.agentInfos(t) {
+		if a.Name == name {
+			return a
+		}
+	}
+	t.Fatalf("no agent %s", name)
+	return AgentInfo{}
+}

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -49,15 +51,23 @@ type AgentSpec struct {
 	// means agenthold creates one.
 	NetNS string `json:"netns,omitempty"`
 	Index int    `json:"index"` // which network of the pool
+	// UID and GID are what exec runs the agent's commands as; zero means
+	// sandbox.uid_base plus the index.
+	UID uint32 `json:"uid,omitempty"`
+	GID uint32 `json:"gid,omitempty"`
 }
 
 // agent is a running agent: its spec, its compiled policy, its network.
+// Its spec changes only under the registry's lock.
 type agent struct {
 	spec    AgentSpec
 	policy  atomic.Pointer[policy.Policy]
 	ns      *netns.NS // the sandbox's namespace
+	nsPath  string    // where it is mounted, as this server sees it
 	created bool      // agenthold created ns (and removes it)
 	gwIface string    // the gateway's end of the veth pair
+	uid     uint32
+	gid     uint32
 	gw4     netip.Addr
 	gw6     netip.Addr
 	sb4     netip.Addr
@@ -66,7 +76,9 @@ type agent struct {
 
 var validAgentName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 
-// agents is the registry, persisted in <data_dir>/agents.json.
+// agents is the registry, persisted in <data_dir>/agents.json. It owns
+// its lock: every read and change of its maps and of an agent's spec goes
+// through its methods.
 type agents struct {
 	path string
 	mu   sync.RWMutex
@@ -94,8 +106,8 @@ func (as *agents) load() ([]AgentSpec, error) {
 	return specs, nil
 }
 
-// save writes the specs atomically; the caller holds mu.
-func (as *agents) save() error {
+// saveLocked writes the specs atomically; the caller holds mu.
+func (as *agents) saveLocked() error {
 	specs := make([]AgentSpec, 0, len(as.byID))
 	for _, a := range as.byID {
 		specs = append(specs, a.spec)
@@ -141,20 +153,36 @@ func (as *agents) list() []*agent {
 	return out
 }
 
-// freeIndex returns the lowest network index not in use; the caller
-// holds mu.
-func (as *agents) freeIndex(limit int) (int, error) {
-	for i := 0; i < limit; i++ {
-		if as.indexFree(i, limit) {
-			return i, nil
-		}
-	}
-	return 0, errors.New("the network pool is full")
+// specOf returns a copy of an agent's spec.
+func (as *agents) specOf(a *agent) AgentSpec {
+	as.mu.RLock()
+	defer as.mu.RUnlock()
+	return a.spec
 }
 
-// indexFree reports whether index is in the pool and unused; the caller
-// holds mu.
-func (as *agents) indexFree(index, limit int) bool {
+// allocate returns spec with a free network index: its own if it is free,
+// else the lowest free one.
+func (as *agents) allocate(spec AgentSpec, limit int) (AgentSpec, error) {
+	as.mu.RLock()
+	defer as.mu.RUnlock()
+	if _, ok := as.byID[spec.Name]; ok {
+		return spec, fmt.Errorf("agent %q %w", spec.Name, errExists)
+	}
+	if as.indexFreeLocked(spec.Index, limit) {
+		return spec, nil
+	}
+	for i := 0; i < limit; i++ {
+		if as.indexFreeLocked(i, limit) {
+			spec.Index = i
+			return spec, nil
+		}
+	}
+	return spec, errors.New("the network pool is full")
+}
+
+// indexFreeLocked reports whether index is in the pool and unused; the
+// caller holds mu.
+func (as *agents) indexFreeLocked(index, limit int) bool {
 	if index < 0 || index >= limit {
 		return false
 	}
@@ -166,19 +194,71 @@ func (as *agents) indexFree(index, limit int) bool {
 	return true
 }
 
-// nsName is the name of the namespace agenthold creates for an agent:
-// unique per data directory, so that two servers never collide.
-func nsName(dataDir, agent string) string {
-	sum := sha256.Sum256([]byte(dataDir))
-	return "ah-" + hex.EncodeToString(sum[:3]) + "-" + agent
+// add registers a wired agent and saves the registry.
+func (as *agents) add(a *agent) error {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.byID[a.spec.Name] = a
+	as.src[a.sb4], as.src[a.sb6] = a, a
+	return as.saveLocked()
 }
 
-// tableName is the nftables table of a server: unique per data directory,
-// since installing a table replaces any of the same name.
-func tableName(dataDir string) string {
-	sum := sha256.Sum256([]byte(dataDir))
-	return "agenthold_" + hex.EncodeToString(sum[:3])
+// remove forgets an agent and saves the registry.
+func (as *agents) remove(name string) (*agent, error) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	a := as.byID[name]
+	if a == nil {
+		return nil, fmt.Errorf("%w %q", errNoAgent, name)
+	}
+	delete(as.byID, name)
+	delete(as.src, a.sb4)
+	delete(as.src, a.sb6)
+	return a, as.saveLocked()
 }
+
+// setPolicy replaces an agent's policy, compiled and as written, and
+// saves the registry.
+func (as *agents) setPolicy(name string, spec PolicySpec, pol *policy.Policy) error {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	a := as.byID[name]
+	if a == nil {
+		return fmt.Errorf("%w %q", errNoAgent, name)
+	}
+	a.policy.Store(pol)
+	a.spec.Policy = spec
+	return as.saveLocked()
+}
+
+// Errors the admin API maps to status codes.
+var (
+	errNoAgent = errors.New("no agent")
+	errExists  = errors.New("exists")
+)
+
+// dataDirTag is a short hash of the data directory: the namespaces, links
+// and nftables table of one server carry it, so two servers never collide
+// and a server knows its own leftovers after a crash.
+func dataDirTag(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return hex.EncodeToString(sum[:3])
+}
+
+// nsName is the name of the namespace agenthold creates for an agent.
+func nsName(dataDir, agent string) string { return nsPrefix(dataDir) + agent }
+
+func nsPrefix(dataDir string) string { return "ah-" + dataDirTag(dataDir) + "-" }
+
+// linkName is the gateway's end of an agent's veth pair (at most 14
+// bytes: interface names have 15).
+func linkName(dataDir string, index int) string { return linkPrefix(dataDir) + strconv.Itoa(index) }
+
+func linkPrefix(dataDir string) string { return "ah" + dataDirTag(dataDir) + "g" }
+
+// tableName is the nftables table of a server, since installing a table
+// replaces any of the same name.
+func tableName(dataDir string) string { return "agenthold_" + dataDirTag(dataDir) }
 
 // networkAddrs computes an agent's addresses from its index in the pools:
 // the gateway at .2 and ::2, the sandbox at .10 and ::10.
@@ -205,27 +285,35 @@ func poolSize(pool4, pool6 netip.Prefix) int {
 	return min(1<<(24-pool4.Bits()), 1<<(64-pool6.Bits()))
 }
 
-// wire creates (or adopts) the agent's namespace and connects it to the
-// gateway with a veth pair: the sandbox's default route and DNS point at
-// the gateway's address.
+// wire creates the agent's namespace, or adopts it (one the operator
+// named, or one of its own that outlived a crashed server), and connects
+// it to the gateway with a fresh veth pair: the sandbox's default route
+// and DNS point at the gateway's address. Wiring an agent twice leaves
+// one namespace and one pair.
 func wire(ctx context.Context, dataDir string, a *agent) error {
-	name := nsName(dataDir, a.spec.Name)
 	if a.spec.NetNS != "" {
-		a.ns = &netns.NS{Name: filepath.Base(a.spec.NetNS)}
-		if _, err := os.Stat(a.spec.NetNS); err != nil {
-			return fmt.Errorf("adopt namespace: %w", err)
-		}
 		if filepath.Dir(a.spec.NetNS) != "/run/netns" {
 			return fmt.Errorf("adopt namespace: %s is not under /run/netns", a.spec.NetNS)
 		}
+		if !netns.IsMounted(a.spec.NetNS) {
+			return fmt.Errorf("adopt namespace: %s is not a network namespace", a.spec.NetNS)
+		}
+		a.ns = &netns.NS{Name: filepath.Base(a.spec.NetNS)}
 	} else {
-		ns, err := netns.Add(name)
+		ns, err := netns.AddOrAdopt(nsName(dataDir, a.spec.Name))
 		if err != nil {
 			return err
 		}
 		a.ns, a.created = ns, true
 	}
-	a.gwIface = fmt.Sprintf("ahgw%d", a.spec.Index)
+	a.nsPath = a.ns.Path()
+	a.gwIface = linkName(dataDir, a.spec.Index)
+	// A pair left by a crashed server goes, and with it its sandbox end.
+	if netns.LinkExists(a.gwIface) {
+		if err := netns.IP("link", "del", a.gwIface); err != nil {
+			return err
+		}
+	}
 	steps := [][]string{
 		{"link", "add", a.gwIface, "type", "veth", "peer", "name", "eth0", "netns", a.ns.Name},
 		{"addr", "add", a.gw4.String() + "/24", "dev", a.gwIface},
@@ -243,8 +331,8 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 		{"addr", "add", a.sb4.String() + "/24", "dev", "eth0"},
 		{"addr", "add", a.sb6.String() + "/64", "dev", "eth0", "nodad"},
 		{"link", "set", "eth0", "up"},
-		{"route", "add", "default", "via", a.gw4.String()},
-		{"-6", "route", "add", "default", "via", a.gw6.String()},
+		{"route", "replace", "default", "via", a.gw4.String()},
+		{"-6", "route", "replace", "default", "via", a.gw6.String()},
 	}
 	for _, s := range sandbox {
 		if err := a.ns.IP(s...); err != nil {
@@ -252,12 +340,15 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 			return err
 		}
 	}
-	if err := a.ns.SetResolvConf("nameserver " + a.gw4.String() + "\n"); err != nil {
+	if err := a.ns.SetResolvConf(a.resolvConf()); err != nil {
 		unwire(a)
 		return err
 	}
 	return nil
 }
+
+// resolvConf is the sandbox's resolv.conf: the gateway's DNS.
+func (a *agent) resolvConf() string { return "nameserver " + a.gw4.String() + "\n" }
 
 // unwire removes the veth pair and, if agenthold made it, the namespace.
 func unwire(a *agent) {
@@ -266,5 +357,30 @@ func unwire(a *agent) {
 	}
 	if a.created && a.ns != nil {
 		a.ns.Delete()
+	}
+}
+
+// sweep removes what a crashed server of this data directory left and no
+// record names: namespaces (say, of an agent being created when it died)
+// and veth pairs.
+func sweep(dataDir string, keep []AgentSpec, logf func(msg string, args ...any)) {
+	names, links := map[string]bool{}, map[string]bool{}
+	for _, s := range keep {
+		names[nsName(dataDir, s.Name)] = true
+		links[linkName(dataDir, s.Index)] = true
+	}
+	nsList, _ := netns.List()
+	for _, n := range nsList {
+		if strings.HasPrefix(n, nsPrefix(dataDir)) && !names[n] {
+			logf("removing a namespace no agent owns", "netns", n)
+			(&netns.NS{Name: n}).Delete()
+		}
+	}
+	linkList, _ := netns.Links()
+	for _, l := range linkList {
+		if strings.HasPrefix(l, linkPrefix(dataDir)) && !links[l] {
+			logf("removing a link no agent owns", "link", l)
+			netns.IP("link", "del", l)
+		}
 	}
 }

@@ -26,6 +26,8 @@ type AgentInfo struct {
 	Sandbox4 string     `json:"sandbox_ipv4"`
 	Sandbox6 string     `json:"sandbox_ipv6"`
 	Gateway4 string     `json:"gateway_ipv4"`
+	UID      uint32     `json:"uid"`
+	GID      uint32     `json:"gid"`
 	Secrets  []string   `json:"secrets,omitempty"`
 }
 
@@ -41,12 +43,6 @@ type SecretPut struct {
 type AttachRequest struct {
 	Secret string `json:"secret"`
 	Env    string `json:"env"`
-}
-
-// ExecInfo is what `agenthold exec` needs to run a command in a sandbox.
-type ExecInfo struct {
-	NetNS string   `json:"netns"`
-	Env   []string `json:"env"`
 }
 
 // startAdmin serves the admin API on a unix socket of mode 0600, and
@@ -84,7 +80,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/agents/{name}", s.deleteAgent)
 	mux.HandleFunc("GET /v1/agents/{name}/policy", s.getPolicy)
 	mux.HandleFunc("PUT /v1/agents/{name}/policy", s.putPolicy)
-	mux.HandleFunc("GET /v1/agents/{name}/exec", s.execInfo)
+	mux.HandleFunc("GET /v1/agents/{name}/exec", s.getExecInfo)
 	mux.HandleFunc("POST /v1/agents/{name}/secrets", s.attachSecret)
 	mux.HandleFunc("DELETE /v1/agents/{name}/secrets/{secret}", s.detachSecret)
 	mux.HandleFunc("GET /v1/secrets", s.listSecrets)
@@ -121,7 +117,8 @@ func (s *server) info(a *agent) AgentInfo {
 	for _, at := range s.vault.Attachments(a.spec.Name) {
 		secrets = append(secrets, at.Secret+" as $"+at.Env)
 	}
-	return AgentInfo{Name: a.spec.Name, Policy: a.spec.Policy, NetNS: a.ns.Name, Sandbox4: a.sb4.String(), Sandbox6: a.sb6.String(), Gateway4: a.gw4.String(), Secrets: secrets}
+	spec := s.agents.specOf(a)
+	return AgentInfo{Name: spec.Name, Policy: spec.Policy, NetNS: a.ns.Name, Sandbox4: a.sb4.String(), Sandbox6: a.sb6.String(), Gateway4: a.gw4.String(), UID: a.uid, GID: a.gid, Secrets: secrets}
 }
 
 func (s *server) listAgents(w http.ResponseWriter, _ *http.Request) {
@@ -142,7 +139,7 @@ func (s *server) createAgent(w http.ResponseWriter, r *http.Request) {
 	a, err := s.addAgent(r.Context(), spec)
 	if err != nil {
 		status := http.StatusBadRequest
-		if strings.Contains(err.Error(), "exists") {
+		if errors.Is(err, errExists) {
 			status = http.StatusConflict
 		}
 		writeError(w, status, err)
@@ -153,7 +150,11 @@ func (s *server) createAgent(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) deleteAgent(w http.ResponseWriter, r *http.Request) {
 	if err := s.removeAgent(r.PathValue("name")); err != nil {
-		writeError(w, http.StatusNotFound, err)
+		status := http.StatusInternalServerError
+		if errors.Is(err, errNoAgent) {
+			status = http.StatusNotFound
+		}
+		writeError(w, status, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -174,10 +175,7 @@ func (s *server) getPolicy(w http.ResponseWriter, r *http.Request) {
 	if a == nil {
 		return
 	}
-	s.agents.mu.RLock()
-	p := a.spec.Policy
-	s.agents.mu.RUnlock()
-	writeJSON(w, http.StatusOK, p)
+	writeJSON(w, http.StatusOK, s.agents.specOf(a).Policy)
 }
 
 func (s *server) putPolicy(w http.ResponseWriter, r *http.Request) {
@@ -188,7 +186,7 @@ func (s *server) putPolicy(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.setPolicy(r.PathValue("name"), p); err != nil {
 		status := http.StatusBadRequest
-		if strings.HasPrefix(err.Error(), "no agent") {
+		if errors.Is(err, errNoAgent) {
 			status = http.StatusNotFound
 		}
 		writeError(w, status, err)
@@ -197,12 +195,12 @@ func (s *server) putPolicy(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func (s *server) execInfo(w http.ResponseWriter, r *http.Request) {
+func (s *server) getExecInfo(w http.ResponseWriter, r *http.Request) {
 	a := s.pathAgent(w, r)
 	if a == nil {
 		return
 	}
-	writeJSON(w, http.StatusOK, ExecInfo{NetNS: a.ns.Name, Env: s.sandboxEnv(a)})
+	writeJSON(w, http.StatusOK, s.execInfo(a))
 }
 
 func (s *server) attachSecret(w http.ResponseWriter, r *http.Request) {

@@ -13,58 +13,72 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/vault"
 )
 
-// stringList is a repeatable flag.
-type stringList []string
+// commands is the command line, in the order help lists it. It is set in
+// init: the commands' help refers back to it.
+var commands []command
 
-func (l *stringList) String() string     { return strings.Join(*l, ",") }
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
-
-// newFlags returns a flag set whose errors are usage errors.
-func newFlags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	return fs
+func init() {
+	commands = []command{
+		{name: "serve", synopsis: "[--config FILE]", run: cmdServe,
+			help: "Run the gateway (root). See agenthold.example.yaml for the configuration."},
+		{name: "demo", synopsis: "[--keep | --down]", run: cmdDemo,
+			help: "Build a world in namespaces and show the gateway at work.\n--keep leaves it running (make dev) until --down."},
+		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [--netns PATH] [--uid N --gid N]", run: cmdAgentCreate,
+			help: "Create an agent: a network namespace wired to the gateway, and a policy.\n" +
+				"--netns adopts an existing namespace (a container's) instead of creating one.\n" +
+				"exec runs its commands as --uid/--gid, by default sandbox.uid_base plus its network index.\n" +
+				"Example: agenthold agent create alice --mode allowlist --allow github.com --allow '*.npmjs.org'"},
+		{name: "agent list", synopsis: "[--json]", run: cmdAgentList,
+			help: "List the agents, their policies, addresses and secrets."},
+		{name: "agent delete", synopsis: "NAME", run: cmdAgentDelete,
+			help: "Delete an agent: its network, its home and its attachments."},
+		{name: "policy show", synopsis: "AGENT", run: cmdPolicyShow,
+			help: "Print an agent's policy."},
+		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private]", run: cmdPolicySet,
+			help: "Replace an agent's policy; the next connection and DNS query use it.\n" +
+				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22"},
+		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... --header NAME [--template T] [--path P]... [--login]) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
+			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument.\n" +
+				"--template is a Go template of the header's value: {{.Value}} is the secret, and base64 is available.\n" +
+				"Examples:\n" +
+				"  agenthold secret put github --preset github < token\n" +
+				"  agenthold secret put internal --host api.internal.example --header Authorization --template 'Bearer {{.Value}}' < token\n" +
+				"  agenthold secret put git --host github.com --header Authorization --template 'Basic {{base64 (print \"x-access-token:\" .Value)}}' < token"},
+		{name: "secret list", synopsis: "[--json]", run: cmdSecretList,
+			help: "List the secrets and their rules (never their values)."},
+		{name: "secret delete", synopsis: "NAME", run: cmdSecretDelete,
+			help: "Delete a secret and every attachment of it."},
+		{name: "secret attach", synopsis: "AGENT SECRET --env VAR", run: cmdSecretAttach,
+			help: "Give an agent a secret: its sandbox's VAR holds a placeholder the gateway replaces on the way out."},
+		{name: "secret detach", synopsis: "AGENT SECRET", run: cmdSecretDetach,
+			help: "Take a secret from an agent."},
+		{name: "exec", synopsis: "AGENT -- COMMAND [ARG]...", run: cmdExec,
+			help: "Run a command in the agent's sandbox (root): its network namespace, and new mount, PID, UTS and IPC\n" +
+				"namespaces, as the agent's uid and gid with no capability and no_new_privs. The gateway's files, the admin\n" +
+				"socket, other agents' namespaces and every host process are out of its sight; its home is /home/AGENT.\n" +
+				"It is not a container: the host's filesystem is readable as file permissions allow. Production sandboxes\n" +
+				"are containers that join the agent's namespace (agent create --netns)."},
+		{name: "log", synopsis: "[--agent A] [--kind K] [--denied] [--since DURATION] [--limit N] [--follow] [--json]", run: cmdLog,
+			help: "Print the request log (the newest egress.log_keep records per agent, kept in memory)."},
+		{name: "metrics", synopsis: "", run: cmdMetrics,
+			help: "Print the Prometheus counters."},
+	}
 }
 
-func parse(fs *flag.FlagSet, args []string, positional int) ([]string, error) {
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			fmt.Print(usageText)
-			os.Exit(exitOK)
-		}
-		return nil, usagef("%s: %v", fs.Name(), err)
-	}
-	rest := fs.Args()
-	// Allow flags after positional arguments too.
-	var pos []string
-	for len(rest) > 0 && len(pos) < positional {
-		pos = append(pos, rest[0])
-		if err := fs.Parse(rest[1:]); err != nil {
-			return nil, usagef("%s: %v", fs.Name(), err)
-		}
-		rest = fs.Args()
-	}
-	if len(pos) != positional || len(rest) != 0 {
-		return nil, usagef("%s takes %d argument(s)", fs.Name(), positional)
-	}
-	return pos, nil
-}
-
-func cmdServe(args []string) error {
-	fs := newFlags("serve")
-	config := fs.String("config", "", "configuration file")
+func cmdServe(_ *cliEnv, fs *flag.FlagSet, args []string) error {
+	config := fs.String("config", "", "configuration file (default: the built-in defaults)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -95,7 +109,8 @@ type client struct {
 	http *http.Client
 }
 
-func newClient(socket string) *client {
+func (env *cliEnv) client() *client {
+	socket := env.socket
 	if socket == "" {
 		socket = os.Getenv("AGENTHOLD_SOCKET")
 	}
@@ -142,140 +157,127 @@ func (c *client) do(method, path string, body, out any) error {
 	return nil
 }
 
-// cmdAdmin runs the commands that talk to the server.
-func cmdAdmin(cmd string, args []string) error {
-	fs := newFlags(cmd)
-	socket := fs.String("socket", "", "admin socket")
-	switch cmd {
-	case "agent create":
-		mode := fs.String("mode", "open", "open or allowlist")
-		var allow stringList
-		fs.Var(&allow, "allow", "allow entry")
-		private := fs.Bool("allow-private", false, "allow private networks")
-		ns := fs.String("netns", "", "adopt this network namespace")
-		pos, err := parse(fs, args, 1)
-		if err != nil {
-			return err
-		}
-		var info AgentInfo
-		spec := AgentSpec{Name: pos[0], NetNS: *ns, Policy: PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private}}
-		if err := newClient(*socket).do("POST", "/v1/agents", spec, &info); err != nil {
-			return err
-		}
-		fmt.Printf("agent %s: sandbox %s (%s), namespace %s\n", info.Name, info.Sandbox4, info.Sandbox6, info.NetNS)
-		return nil
-	case "agent list":
-		asJSON := fs.Bool("json", false, "JSON")
-		if _, err := parse(fs, args, 0); err != nil {
-			return err
-		}
-		var list []AgentInfo
-		if err := newClient(*socket).do("GET", "/v1/agents", nil, &list); err != nil {
-			return err
-		}
-		if *asJSON {
-			return json.NewEncoder(os.Stdout).Encode(list)
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tPOLICY\tSANDBOX\tNAMESPACE\tSECRETS")
-		for _, a := range list {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", a.Name, policyText(a.Policy), a.Sandbox4, a.NetNS, strings.Join(a.Secrets, ", "))
-		}
-		return tw.Flush()
-	case "agent delete":
-		pos, err := parse(fs, args, 1)
-		if err != nil {
-			return err
-		}
-		return newClient(*socket).do("DELETE", "/v1/agents/"+url.PathEscape(pos[0]), nil, nil)
-	case "policy show":
-		pos, err := parse(fs, args, 1)
-		if err != nil {
-			return err
-		}
-		var p PolicySpec
-		if err := newClient(*socket).do("GET", "/v1/agents/"+url.PathEscape(pos[0])+"/policy", nil, &p); err != nil {
-			return err
-		}
-		fmt.Println(policyText(p))
-		return nil
-	case "policy set":
-		mode := fs.String("mode", "allowlist", "open or allowlist")
-		var allow stringList
-		fs.Var(&allow, "allow", "allow entry")
-		private := fs.Bool("allow-private", false, "allow private networks")
-		pos, err := parse(fs, args, 1)
-		if err != nil {
-			return err
-		}
-		return newClient(*socket).do("PUT", "/v1/agents/"+url.PathEscape(pos[0])+"/policy", PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private}, nil)
-	case "secret put":
-		return secretPut(fs, socket, args)
-	case "secret list":
-		asJSON := fs.Bool("json", false, "JSON")
-		if _, err := parse(fs, args, 0); err != nil {
-			return err
-		}
-		var list []vault.Info
-		if err := newClient(*socket).do("GET", "/v1/secrets", nil, &list); err != nil {
-			return err
-		}
-		if *asJSON {
-			return json.NewEncoder(os.Stdout).Encode(list)
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tHOSTS\tHEADER\tMODE\tUPDATED")
-		for _, s := range list {
-			mode := string(s.Rule.Mode)
-			if mode == "" {
-				mode = string(vault.Inject)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Rule.Hosts, ","), s.Rule.Header, mode, s.Updated.Format(time.RFC3339))
-		}
-		return tw.Flush()
-	case "secret delete":
-		pos, err := parse(fs, args, 1)
-		if err != nil {
-			return err
-		}
-		return newClient(*socket).do("DELETE", "/v1/secrets/"+url.PathEscape(pos[0]), nil, nil)
-	case "secret attach":
-		env := fs.String("env", "", "environment variable")
-		pos, err := parse(fs, args, 2)
-		if err != nil {
-			return err
-		}
-		if *env == "" {
-			return usagef("secret attach needs --env VAR")
-		}
-		if err := newClient(*socket).do("POST", "/v1/agents/"+url.PathEscape(pos[0])+"/secrets", AttachRequest{Secret: pos[1], Env: *env}, nil); err != nil {
-			return err
-		}
-		fmt.Printf("%s: $%s now holds a placeholder for %s\n", pos[0], *env, pos[1])
-		return nil
-	case "secret detach":
-		pos, err := parse(fs, args, 2)
-		if err != nil {
-			return err
-		}
-		return newClient(*socket).do("DELETE", "/v1/agents/"+url.PathEscape(pos[0])+"/secrets/"+url.PathEscape(pos[1]), nil, nil)
-	case "exec":
-		return execIn(fs, socket, args)
-	case "log":
-		return readLog(fs, socket, args)
-	case "metrics":
-		if _, err := parse(fs, args, 0); err != nil {
-			return err
-		}
-		resp, err := newClient(*socket).http.Get("http://agenthold/metrics")
-		if err != nil {
-			return unreachableError{err}
-		}
+// get fetches a path and returns the response for streaming.
+func (c *client) get(path string) (*http.Response, error) {
+	resp, err := c.http.Get("http://agenthold" + path)
+	if err != nil {
+		return nil, unreachableError{err}
+	}
+	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
-		_, err = io.Copy(os.Stdout, resp.Body)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error != "" {
+			return nil, fmt.Errorf("%s", e.Error)
+		}
+		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return resp, nil
+}
+
+func agentPath(name string, rest ...string) string {
+	p := "/v1/agents/" + url.PathEscape(name)
+	for _, r := range rest {
+		p += "/" + url.PathEscape(r)
+	}
+	return p
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// policyFlags are the flags that write a policy.
+func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
+	mode := fs.String("mode", defaultMode, "open (any public address) or allowlist (only --allow entries)")
+	var allow stringList
+	fs.Var(&allow, "allow", "an allow entry (repeatable): github.com, *.npmjs.org, github.com:22, 203.0.113.0/24:443, *")
+	private := fs.Bool("allow-private", false, "allow private networks (RFC 1918, ULA, CGNAT)")
+	return func() PolicySpec { return PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private} }
+}
+
+func cmdAgentCreate(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	pol := policyFlags(fs, "open")
+	ns := fs.String("netns", "", "adopt this network namespace (under /run/netns) instead of creating one")
+	uid := fs.Uint("uid", 0, "the uid exec runs the agent's commands as (default: sandbox.uid_base + index)")
+	gid := fs.Uint("gid", 0, "the gid exec runs the agent's commands as (default: sandbox.uid_base + index)")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
 		return err
 	}
-	return usagef("unknown command %q", cmd)
+	if *uid > 1<<31 || *gid > 1<<31 {
+		return usagef("agent create: --uid and --gid must be below 2^31")
+	}
+	var info AgentInfo
+	spec := AgentSpec{Name: pos[0], NetNS: *ns, Policy: pol(), UID: uint32(*uid), GID: uint32(*gid)}
+	if err := env.client().do("POST", "/v1/agents", spec, &info); err != nil {
+		return err
+	}
+	fmt.Printf("agent %s created: sandbox %s (%s), namespace %s, uid %d gid %d, policy %s\n",
+		info.Name, info.Sandbox4, info.Sandbox6, info.NetNS, info.UID, info.GID, policyText(info.Policy))
+	return nil
+}
+
+func cmdAgentList(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	var list []AgentInfo
+	if err := env.client().do("GET", "/v1/agents", nil, &list); err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(list)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tPOLICY\tSANDBOX\tNAMESPACE\tUID\tSECRETS")
+	for _, a := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", a.Name, policyText(a.Policy), a.Sandbox4, a.NetNS, a.UID, strings.Join(a.Secrets, ", "))
+	}
+	return tw.Flush()
+}
+
+func cmdAgentDelete(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if err := env.client().do("DELETE", agentPath(pos[0]), nil, nil); err != nil {
+		return err
+	}
+	fmt.Printf("agent %s deleted: its network, home and attachments are gone\n", pos[0])
+	return nil
+}
+
+func cmdPolicyShow(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	var p PolicySpec
+	if err := env.client().do("GET", agentPath(pos[0], "policy"), nil, &p); err != nil {
+		return err
+	}
+	fmt.Println(policyText(p))
+	return nil
+}
+
+func cmdPolicySet(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	pol := policyFlags(fs, "allowlist")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if err := env.client().do("PUT", agentPath(pos[0], "policy"), pol(), nil); err != nil {
+		return err
+	}
+	fmt.Printf("agent %s: policy now %s\n", pos[0], policyText(pol()))
+	return nil
 }
 
 func policyText(p PolicySpec) string {
@@ -293,18 +295,18 @@ func policyText(p PolicySpec) string {
 	return s
 }
 
-// secretPut reads the value from stdin or a file, never an argument, so
-// that it stays out of shell history and process listings.
-func secretPut(fs *flag.FlagSet, socket *string, args []string) error {
-	preset := fs.String("preset", "", "preset rule")
+// cmdSecretPut reads the value from stdin or a file, never an argument,
+// so that it stays out of shell history and process listings.
+func cmdSecretPut(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	preset := fs.String("preset", "", "a preset rule: anthropic, openai, github, github-git, gitlab, gitlab-git, openrouter")
 	var hosts, paths stringList
-	fs.Var(&hosts, "host", "host the secret may go to")
-	fs.Var(&paths, "path", "URL path prefix")
-	header := fs.String("header", "", "header to set")
-	tmpl := fs.String("template", "", "header value template")
-	login := fs.Bool("login", false, "login mode")
-	fromFile := fs.String("from-file", "", "read the value from this file")
-	owner := fs.String("owner", "", "owner")
+	fs.Var(&hosts, "host", "a host the secret may go to (repeatable): api.example.com or *.example.com")
+	fs.Var(&paths, "path", "limit the rule to this URL path prefix (repeatable)")
+	header := fs.String("header", "", "the request header to set")
+	tmpl := fs.String("template", "", `the header's value: {{.Value}} is the secret, e.g. "Bearer {{.Value}}" (default {{.Value}})`)
+	login := fs.Bool("login", false, "login mode: replace the placeholder only in the header the client sends, never add it")
+	fromFile := fs.String("from-file", "", "read the value from this file instead of stdin")
+	owner := fs.String("owner", "", "who the secret belongs to (informational)")
 	pos, err := parse(fs, args, 1)
 	if err != nil {
 		return err
@@ -337,22 +339,89 @@ func secretPut(fs *flag.FlagSet, socket *string, args []string) error {
 	if req.Value == "" {
 		return usagef("no value: pipe it on stdin or give --from-file")
 	}
-	if err := newClient(*socket).do("PUT", "/v1/secrets/"+url.PathEscape(pos[0]), req, nil); err != nil {
+	if err := env.client().do("PUT", "/v1/secrets/"+url.PathEscape(pos[0]), req, nil); err != nil {
 		return err
 	}
 	fmt.Printf("secret %s stored\n", pos[0])
 	return nil
 }
 
-// execIn runs a command in an agent's sandbox: its network namespace
-// (through `ip netns exec`, which also gives it the sandbox's
-// resolv.conf) and its environment.
-func execIn(fs *flag.FlagSet, socket *string, args []string) error {
+func cmdSecretList(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	var list []vault.Info
+	if err := env.client().do("GET", "/v1/secrets", nil, &list); err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(list)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tHOSTS\tHEADER\tMODE\tUPDATED")
+	for _, s := range list {
+		mode := string(s.Rule.Mode)
+		if mode == "" {
+			mode = string(vault.Inject)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, strings.Join(s.Rule.Hosts, ","), s.Rule.Header, mode, s.Updated.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func cmdSecretDelete(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if err := env.client().do("DELETE", "/v1/secrets/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+		return err
+	}
+	fmt.Printf("secret %s deleted, with every attachment of it\n", pos[0])
+	return nil
+}
+
+func cmdSecretAttach(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	envVar := fs.String("env", "", "the sandbox's environment variable that holds the placeholder")
+	pos, err := parse(fs, args, 2)
+	if err != nil {
+		return err
+	}
+	if *envVar == "" {
+		return usagef("secret attach needs --env VAR")
+	}
+	if err := env.client().do("POST", agentPath(pos[0], "secrets"), AttachRequest{Secret: pos[1], Env: *envVar}, nil); err != nil {
+		return err
+	}
+	fmt.Printf("%s: $%s now holds a placeholder for %s\n", pos[0], *envVar, pos[1])
+	return nil
+}
+
+func cmdSecretDetach(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	pos, err := parse(fs, args, 2)
+	if err != nil {
+		return err
+	}
+	if err := env.client().do("DELETE", agentPath(pos[0], "secrets", pos[1]), nil, nil); err != nil {
+		return err
+	}
+	fmt.Printf("%s: secret %s detached\n", pos[0], pos[1])
+	return nil
+}
+
+// cmdExec runs a command confined to an agent's sandbox (see sandbox.go).
+func cmdExec(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	dash := -1
 	for i, a := range args {
 		if a == "--" {
 			dash = i
 			break
+		}
+	}
+	if dash < 0 {
+		if _, err := parse(fs, args, 1); err != nil { // --help, or a usage error
+			return err
 		}
 	}
 	if dash < 0 || dash == len(args)-1 {
@@ -363,28 +432,34 @@ func execIn(fs *flag.FlagSet, socket *string, args []string) error {
 		return err
 	}
 	var info ExecInfo
-	if err := newClient(*socket).do("GET", "/v1/agents/"+url.PathEscape(pos[0])+"/exec", nil, &info); err != nil {
+	if err := env.client().do("GET", agentPath(pos[0], "exec"), nil, &info); err != nil {
 		return err
 	}
-	ip, err := exec.LookPath("ip")
-	if err != nil {
-		return fmt.Errorf("exec needs the ip command (iproute2): %w", err)
-	}
-	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TERM=" + os.Getenv("TERM")}
-	env = append(env, info.Env...)
-	argv := append([]string{"ip", "netns", "exec", info.NetNS}, args[dash+1:]...)
-	return syscall.Exec(ip, argv, env)
+	return runSandboxed(info, args[dash+1:])
 }
 
-// readLog prints records as a table (or JSON lines), following if asked.
-func readLog(fs *flag.FlagSet, socket *string, args []string) error {
-	agentF := fs.String("agent", "", "agent")
-	kind := fs.String("kind", "", "dns, tls, http, tcp or connect")
-	denied := fs.Bool("denied", false, "denied only")
-	since := fs.String("since", "", "a duration (10m) or an RFC 3339 time")
-	limit := fs.Int("limit", 50, "newest records to show (0: all kept)")
+func cmdMetrics(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	resp, err := env.client().get("/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(os.Stdout, resp.Body)
+	return err
+}
+
+// cmdLog prints records as a table (or JSON lines), following if asked.
+func cmdLog(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	agentF := fs.String("agent", "", "only this agent")
+	kind := fs.String("kind", "", "only this kind: dns, tls, http, tcp or connect")
+	denied := fs.Bool("denied", false, "only denied records")
+	since := fs.String("since", "", "only records since: a duration (10m) or an RFC 3339 time")
+	limit := fs.Int("limit", 50, "the newest records to show (0: all kept)")
 	follow := fs.Bool("follow", false, "keep printing new records")
-	asJSON := fs.Bool("json", false, "JSON lines")
+	asJSON := fs.Bool("json", false, "print JSON lines")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -401,15 +476,11 @@ func readLog(fs *flag.FlagSet, socket *string, args []string) error {
 		q.Set("follow", "1")
 	}
 	q.Set("limit", fmt.Sprint(*limit))
-	resp, err := newClient(*socket).http.Get("http://agenthold/v1/log?" + q.Encode())
+	resp, err := env.client().get("/v1/log?" + q.Encode())
 	if err != nil {
-		return unreachableError{err}
+		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s", strings.TrimSpace(string(b)))
-	}
 	if *asJSON {
 		_, err := io.Copy(os.Stdout, resp.Body)
 		return err
@@ -457,7 +528,9 @@ func logRow(r egresslog.Record) string {
 		}
 	case egresslog.KindDNS:
 		detail = fmt.Sprintf("%s, %d answers", r.Method, r.Answers)
-		if !r.Allowed {
+		// A denial, or an allowed name that got no answer because the
+		// upstream failed (SERVFAIL, REFUSED): say why.
+		if r.Reason != "" && (!r.Allowed || (r.Status != dns.RcodeSuccess && r.Status != dns.RcodeNameError)) {
 			detail += ", " + r.Reason
 		}
 	}

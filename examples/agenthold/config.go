@@ -13,6 +13,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/agenthold/egress/dnsfilter"
+	"github.com/agenthold/egress/internal/netns"
 )
 
 // Config is agenthold's configuration file. The egress and secrets keys
@@ -25,6 +28,7 @@ type Config struct {
 	Egress      EgressConfig  `yaml:"egress"`
 	Secrets     SecretsConfig `yaml:"secrets"`
 	Network     NetworkConfig `yaml:"network"`
+	Sandbox     SandboxConfig `yaml:"sandbox"`
 }
 
 // EgressConfig is the seed's egress section, plus netguard's prefixes,
@@ -36,6 +40,7 @@ type EgressConfig struct {
 	DNSPort        uint16          `yaml:"dns_port"`
 	DNSUpstream    string          `yaml:"dns_upstream"`
 	LogKeep        int             `yaml:"log_keep"`
+	LogFile        string          `yaml:"log_file"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
 	PublicPrefixes []string        `yaml:"public_prefixes"`
 	NeverPrefixes  []string        `yaml:"never_prefixes"`
@@ -63,6 +68,13 @@ type NetworkConfig struct {
 	Pool6 string `yaml:"pool6"`
 }
 
+// SandboxConfig is how exec runs an agent's commands.
+type SandboxConfig struct {
+	// UIDBase is the first of the uids (and gids) agents run as: an agent
+	// without its own runs as UIDBase plus its network index.
+	UIDBase uint32 `yaml:"uid_base"`
+}
+
 // masterKeyEnv is the environment variable that may hold the master key.
 const masterKeyEnv = "AGENTHOLD_MASTER_KEY"
 
@@ -73,6 +85,7 @@ func defaultConfig() Config {
 			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, LogKeep: 5000, TunnelPort: 15022,
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
+		Sandbox: SandboxConfig{UIDBase: 200000},
 	}
 }
 
@@ -191,6 +204,12 @@ func (c *Config) validate() error {
 	if err != nil || !p6.Addr().Is6() || p6.Bits() > 56 {
 		return fmt.Errorf("config: network.pool6: %q is not an IPv6 prefix of /56 or wider", c.Network.Pool6)
 	}
+	if c.Egress.LogFile != "" && !filepath.IsAbs(c.Egress.LogFile) {
+		return fmt.Errorf("config: egress.log_file must be an absolute path, not %q", c.Egress.LogFile)
+	}
+	if c.Sandbox.UIDBase == 0 || uint64(c.Sandbox.UIDBase)+uint64(poolSize(p4, p6)) > 1<<31 {
+		return fmt.Errorf("config: sandbox.uid_base must be positive and leave room for every agent of the pool below 2^31, not %d", c.Sandbox.UIDBase)
+	}
 	for i, r := range c.Egress.TokenRefresh {
 		if r.Host == "" || !strings.HasPrefix(r.Path, "/") || r.RefreshSecret == "" {
 			return fmt.Errorf("config: egress.token_refresh[%d] needs host, path (starting with /) and refresh_secret", i)
@@ -213,14 +232,31 @@ func (c *Config) masterKeyFile() string {
 	return filepath.Join(c.DataDir, "master.key")
 }
 
-// dnsUpstreams is the DNS upstream as a list, or nil for resolv.conf.
-func (c *Config) dnsUpstreams() []string {
+// dnsUpstreams is the DNS upstream as a list, and where it came from:
+// egress.dns_upstream, else the resolv.conf of the named network namespace
+// the server runs in (as `ip netns exec` would use), else the host's.
+func (c *Config) dnsUpstreams() ([]string, string, error) {
 	u := c.Egress.DNSUpstream
-	if u == "" {
-		return nil
+	if u != "" {
+		if _, err := netip.ParseAddrPort(u); err != nil {
+			u = netip.AddrPortFrom(netip.MustParseAddr(u), 53).String()
+		}
+		return []string{u}, "egress.dns_upstream", nil
 	}
-	if _, err := netip.ParseAddrPort(u); err == nil {
-		return []string{u}
+	path := "/etc/resolv.conf"
+	if name := netns.Current(); name != "" {
+		if p := filepath.Join("/etc/netns", name, "resolv.conf"); fileExists(p) {
+			path = p
+		}
 	}
-	return []string{netip.AddrPortFrom(netip.MustParseAddr(u), 53).String()}
+	servers, err := dnsfilter.UpstreamsFromFile(path)
+	if err != nil {
+		return nil, path, fmt.Errorf("no DNS upstream (set egress.dns_upstream): %w", err)
+	}
+	return servers, path, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -40,10 +42,13 @@ type world struct {
 	server   *exec.Cmd
 	socket   string
 	self     string
+	// serveUnder is how the server enters the gateway namespace; nil
+	// means nsenter --net, which leaves it in the host's mount namespace.
+	serveUnder   []string
+	teardownOnce sync.Once
 }
 
-func cmdDemo(args []string) error {
-	fs := newFlags("demo")
+func cmdDemo(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	keep := fs.Bool("keep", false, "leave the stack running (make dev) until --down")
 	down := fs.Bool("down", false, "tear down a stack left by --keep")
 	if _, err := parse(fs, args, 0); err != nil {
@@ -155,15 +160,20 @@ func buildWorld() (w *world, err error) {
 // the gateway namespace.
 func (w *world) startServer() error {
 	data := filepath.Join(w.dir, "data")
+	// No dns_upstream: the server uses its namespace's resolv.conf, as
+	// `ip netns exec` would.
+	if err := w.gw.SetResolvConf("nameserver " + internetDNS + "\n"); err != nil {
+		return err
+	}
 	cfg := fmt.Sprintf(`data_dir: %s
 egress:
-  dns_upstream: %s:53
   public_prefixes: [198.18.0.0/15]
   upstream_roots: %s
+  log_file: %s
 network:
   pool4: 198.19.0.0/16
   pool6: fd00:a9::/48
-`, data, internetDNS, w.internet.rootFile)
+`, data, w.internet.rootFile, filepath.Join(w.dir, "egress.jsonl"))
 	path := filepath.Join(w.dir, "agenthold.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err
@@ -172,7 +182,12 @@ network:
 	// nsenter enters only the network namespace (ip netns exec would also
 	// give the server a mount namespace of its own, hiding from everyone
 	// else the sandbox namespaces it creates).
-	w.server = exec.Command("nsenter", "--net="+w.gw.Path(), w.self, "serve", "--config", path)
+	under := w.serveUnder
+	if under == nil {
+		under = []string{"nsenter", "--net=" + w.gw.Path()}
+	}
+	w.server = exec.Command(under[0], append(under[1:], w.self, "serve", "--config", path)...)
+	w.server.Env = childEnv()
 	w.server.Stderr = logFile(filepath.Join(w.dir, "server.log"))
 	stdout, err := w.server.StdoutPipe()
 	if err != nil {
@@ -187,8 +202,9 @@ network:
 	return nil
 }
 
+// logFile appends to path (a restarted server's log follows the first's).
 func logFile(path string) io.Writer {
-	f, err := os.Create(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return io.Discard
 	}
@@ -196,7 +212,7 @@ func logFile(path string) io.Writer {
 }
 
 func (w *world) env() []string {
-	return append(os.Environ(), "AGENTHOLD_SOCKET="+w.socket)
+	return append(childEnv(), "AGENTHOLD_SOCKET="+w.socket)
 }
 
 // cli runs an agenthold command against the world's server.
@@ -219,14 +235,17 @@ func (w *world) inSandbox(agent, script string) (string, error) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, w.self, "exec", agent, "--", "sh", "-c", script)
 	cmd.Env = w.env()
-	cmd.Dir = w.dir
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
 // teardown stops the server (which removes what it made) and removes the
-// namespaces and files of the world.
+// namespaces and files of the world. Calls after the first do nothing.
 func (w *world) teardown() {
+	w.teardownOnce.Do(w.tearDown)
+}
+
+func (w *world) tearDown() {
 	if w.server != nil && w.server.Process != nil {
 		w.server.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})

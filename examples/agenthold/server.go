@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -80,7 +82,15 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 		return s, err
 	}
 	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep}
+	if cfg.Egress.LogFile != "" {
+		sink, err := egresslog.OpenJSONFile(cfg.Egress.LogFile)
+		if err != nil {
+			return s, fmt.Errorf("egress.log_file: %w", err)
+		}
+		s.elog.Sinks = append(s.elog.Sinks, sink)
+	}
 	s.agents = newAgents(cfg.DataDir)
+	s.warnPrivateMounts()
 
 	if err := s.startDataPlane(); err != nil {
 		return s, err
@@ -89,6 +99,9 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	if err != nil {
 		return s, fmt.Errorf("agents: %w", err)
 	}
+	// After a crash: what no record names goes; what records name is
+	// adopted or made again below.
+	sweep(cfg.DataDir, specs, logger.Info)
 	for _, spec := range specs {
 		if _, err := s.addAgent(ctx, spec); err != nil {
 			return s, fmt.Errorf("agent %s: %w", spec.Name, err)
@@ -116,6 +129,8 @@ func lockDataDir(dir string) (*os.File, error) {
 
 func (s *server) openVault() error {
 	key, err := vault.KeyFromEnv(masterKeyEnv)
+	// Read once; no child and no later reader of the environment sees it.
+	os.Unsetenv(masterKeyEnv)
 	if errors.Is(err, os.ErrNotExist) {
 		key, err = vault.LoadKeyFile(s.cfg.masterKeyFile())
 	}
@@ -188,8 +203,13 @@ func (s *server) startDataPlane() error {
 			return fmt.Errorf("egress.upstream_roots: no certificate in %s", s.cfg.Egress.UpstreamRoots)
 		}
 	}
+	upstreams, from, err := s.cfg.dnsUpstreams()
+	if err != nil {
+		return err
+	}
+	s.log.Info("dns upstream", "servers", strings.Join(upstreams, " "), "from", from)
 	s.dns = &dnsfilter.Server{
-		Agents: s.agents.lookup, Upstreams: s.cfg.dnsUpstreams(), Guard: s.guard, Log: s.elog, Logger: s.log,
+		Agents: s.agents.lookup, Upstreams: upstreams, Guard: s.guard, Log: s.elog, Logger: s.log,
 	}
 	s.ic = &mitm.Interceptor{
 		Leaves: &mitm.Leaves{CA: s.ca}, Claim: s.vault.Covers, Injector: s.vault,
@@ -234,7 +254,7 @@ func (s *server) startDataPlane() error {
 	return nil
 }
 
-// addAgent wires an agent's network and registers it.
+// addAgent wires an agent's network, makes its home, and registers it.
 func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	if !validAgentName.MatchString(spec.Name) {
 		return nil, fmt.Errorf("invalid agent name %q (lower-case letters, digits and -, at most 32)", spec.Name)
@@ -245,24 +265,20 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.agents.get(spec.Name) != nil {
-		return nil, fmt.Errorf("agent %q exists", spec.Name)
-	}
 	// Keep a persisted index, so that a sandbox's addresses survive a
 	// restart; otherwise take the lowest free one.
-	limit := poolSize(s.pool4, s.pool6)
-	s.agents.mu.RLock()
-	if !s.agents.indexFree(spec.Index, limit) {
-		spec.Index, err = s.agents.freeIndex(limit)
-	}
-	s.agents.mu.RUnlock()
-	if err != nil {
+	if spec, err = s.agents.allocate(spec, poolSize(s.pool4, s.pool6)); err != nil {
 		return nil, err
 	}
-	index := spec.Index
 	a := &agent{spec: spec}
+	if a.uid, a.gid, err = s.sandboxIDs(spec); err != nil {
+		return nil, err
+	}
 	a.policy.Store(pol)
-	a.gw4, a.sb4, a.gw6, a.sb6 = networkAddrs(s.pool4, s.pool6, index)
+	a.gw4, a.sb4, a.gw6, a.sb6 = networkAddrs(s.pool4, s.pool6, spec.Index)
+	if err := s.makeHome(a); err != nil {
+		return nil, err
+	}
 	if err := wire(ctx, s.cfg.DataDir, a); err != nil {
 		return nil, err
 	}
@@ -270,30 +286,52 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 		unwire(a)
 		return nil, err
 	}
-	s.agents.mu.Lock()
-	s.agents.byID[spec.Name] = a
-	s.agents.src[a.sb4], s.agents.src[a.sb6] = a, a
-	err = s.agents.save()
-	s.agents.mu.Unlock()
+	err = s.agents.add(a)
 	s.refreshOwnAddrs()
-	s.log.Info("agent up", "agent", spec.Name, "netns", a.ns.Name, "sandbox", a.sb4, "gateway", a.gw4)
+	s.log.Info("agent up", "agent", spec.Name, "netns", a.ns.Name, "sandbox", a.sb4, "gateway", a.gw4, "uid", a.uid, "gid", a.gid)
 	return a, err
 }
 
-// removeAgent tears an agent's network down and forgets it.
+// sandboxIDs is the uid and gid an agent's commands run as: its own, or
+// sandbox.uid_base plus its index; never root and never the server's.
+func (s *server) sandboxIDs(spec AgentSpec) (uid, gid uint32, err error) {
+	uid, gid = spec.UID, spec.GID
+	if uid == 0 {
+		uid = s.cfg.Sandbox.UIDBase + uint32(spec.Index)
+	}
+	if gid == 0 {
+		gid = s.cfg.Sandbox.UIDBase + uint32(spec.Index)
+	}
+	if uid == uint32(os.Getuid()) || gid == uint32(os.Getgid()) {
+		return 0, 0, fmt.Errorf("agent %s: uid %d and gid %d must differ from the server's", spec.Name, uid, gid)
+	}
+	return uid, gid, nil
+}
+
+// homeDir is an agent's home on the host, which exec shows the sandbox as
+// /home/AGENT; it survives restarts and goes with the agent.
+func (s *server) homeDir(name string) string { return filepath.Join(s.cfg.DataDir, "homes", name) }
+
+func (s *server) makeHome(a *agent) error {
+	if err := os.MkdirAll(filepath.Join(s.cfg.DataDir, "homes"), 0o700); err != nil {
+		return err
+	}
+	home := s.homeDir(a.spec.Name)
+	if err := os.Mkdir(home, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return os.Lchown(home, int(a.uid), int(a.gid))
+}
+
+// removeAgent tears an agent's network down and forgets it, its home and
+// its attachments.
 func (s *server) removeAgent(name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	a := s.agents.get(name)
+	a, err := s.agents.remove(name)
 	if a == nil {
-		return fmt.Errorf("no agent %q", name)
+		return err
 	}
-	s.agents.mu.Lock()
-	delete(s.agents.byID, name)
-	delete(s.agents.src, a.sb4)
-	delete(s.agents.src, a.sb6)
-	err := s.agents.save()
-	s.agents.mu.Unlock()
 	if s.rules != nil {
 		s.rules.RemoveInterface(a.gwIface)
 	}
@@ -301,6 +339,9 @@ func (s *server) removeAgent(name string) error {
 	s.dns.ForgetAgent(name)
 	for _, at := range s.vault.Attachments(name) {
 		s.vault.Detach(name, at.Secret)
+	}
+	if rmErr := os.RemoveAll(s.homeDir(name)); rmErr != nil && err == nil {
+		err = rmErr
 	}
 	return err
 }
@@ -312,18 +353,60 @@ func (s *server) setPolicy(name string, spec PolicySpec) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	a := s.agents.get(name)
-	if a == nil {
-		return fmt.Errorf("no agent %q", name)
+	return s.agents.setPolicy(name, spec, pol)
+}
+
+// warnPrivateMounts says so when the server runs in a mount namespace of
+// its own (as under `ip netns exec`): the namespaces it mounts are then
+// visible only there, and disappear with it; exec reaches them through
+// /proc/PID/root.
+func (s *server) warnPrivateMounts() {
+	if !privateMountNS() {
+		return
 	}
-	a.policy.Store(pol)
-	s.agents.mu.Lock()
-	a.spec.Policy = spec
-	err = s.agents.save()
-	s.agents.mu.Unlock()
-	return err
+	s.log.Warn("agenthold runs in a mount namespace of its own (started with `ip netns exec`?): " +
+		"the sandbox namespaces it makes are mounted only there, and go with it; " +
+		"exec reaches them through /proc/PID/root as root. Prefer `nsenter --net=/run/netns/NAME agenthold serve`.")
+}
+
+// privateMountNS reports whether some ancestor of this process (as far as
+// it may look) is in another mount namespace.
+func privateMountNS() bool {
+	self, err := os.Stat("/proc/self/ns/mnt")
+	if err != nil {
+		return false
+	}
+	for pid := os.Getppid(); pid > 1; {
+		st, err := os.Stat(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err != nil {
+			return false
+		}
+		if !os.SameFile(self, st) {
+			return true
+		}
+		if pid, err = parentOf(pid); err != nil {
+			return false
+		}
+	}
+	return false
+}
+
+// parentOf reads a process's parent from /proc/PID/stat.
+func parentOf(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0, errors.New("malformed stat")
+	}
+	return strconv.Atoi(f[1])
 }
 
 // stop drains, then removes every namespace, link and table it made.
@@ -370,5 +453,19 @@ func (s *server) sandboxEnv(a *agent) []string {
 	return env
 }
 
-// waitSignal is how long stop may take on SIGTERM.
+// execInfo is what exec needs to confine a command to a's sandbox.
+func (s *server) execInfo(a *agent) ExecInfo {
+	hide := []string{s.cfg.adminSocket(), s.cfg.masterKeyFile()}
+	if s.cfg.Egress.LogFile != "" {
+		hide = append(hide, s.cfg.Egress.LogFile)
+	}
+	return ExecInfo{
+		Agent: a.spec.Name, NetNSPath: a.nsPath, ServerPID: os.Getpid(),
+		UID: a.uid, GID: a.gid, Home: s.homeDir(a.spec.Name), Env: s.sandboxEnv(a),
+		DataDir: s.cfg.DataDir, TrustFiles: []string{s.caPath(), s.bundlePath()}, Hide: hide,
+		ResolvConf: a.resolvConf(),
+	}
+}
+
+// drainTimeout is how long stop may take on SIGTERM.
 const drainTimeout = 10 * time.Second

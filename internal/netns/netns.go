@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +52,75 @@ func Add(name string) (*NS, error) {
 	return n, nil
 }
 
+// AddOrAdopt returns the namespace name, creating it unless it is already
+// mounted; a file left at its path by a namespace that is gone (its
+// creator's mount namespace died with it) is removed first.
+func AddOrAdopt(name string) (*NS, error) {
+	n := &NS{Name: name}
+	if IsMounted(n.Path()) {
+		return n, n.IP("link", "set", "lo", "up")
+	}
+	if err := os.Remove(n.Path()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("netns: remove the stale %s: %w", n.Path(), err)
+	}
+	return Add(name)
+}
+
+// IsMounted reports whether path is a network namespace (a bind mount of
+// one, as `ip netns add` makes), rather than an ordinary file.
+func IsMounted(path string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(path, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+// List returns the names of the namespaces in /run/netns.
+func List() ([]string, error) {
+	entries, err := os.ReadDir("/run/netns")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names, err
+}
+
+// Current returns the name under /run/netns of the caller's network
+// namespace, or "" if it has none (the host's, say).
+func Current() string {
+	self, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return ""
+	}
+	names, _ := List()
+	for _, n := range names {
+		if st, err := os.Stat(filepath.Join("/run/netns", n)); err == nil && os.SameFile(self, st) {
+			return n
+		}
+	}
+	return ""
+}
+
+// Links returns the names of the caller's network interfaces.
+func Links() ([]string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(ifs))
+	for i, f := range ifs {
+		names[i] = f.Name
+	}
+	return names, nil
+}
+
+// LinkExists reports whether the caller's namespace has an interface name.
+func LinkExists(name string) bool {
+	_, err := net.InterfaceByName(name)
+	return err == nil
+}
+
 // Path is the namespace's bind mount, for setns or nftables.
 func (n *NS) Path() string { return filepath.Join("/run/netns", n.Name) }
 
@@ -68,8 +138,14 @@ func (n *NS) IP(args ...string) error {
 
 // Command returns a command that runs inside the namespace.
 func (n *NS) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	cmd.Env = minimalEnv
+	return cmd
 }
+
+// minimalEnv is the whole environment of the commands this package runs:
+// none of the caller's variables (a master key, say) reaches them.
+var minimalEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // Run runs a command inside the namespace and returns its combined output.
 func (n *NS) Run(ctx context.Context, name string, args ...string) (string, error) {
@@ -140,7 +216,9 @@ func Veth(a *NS, aName string, b *NS, bName string) error {
 
 // IP runs the ip command in the caller's namespace.
 func IP(args ...string) error {
-	out, err := exec.Command("ip", args...).CombinedOutput()
+	cmd := exec.Command("ip", args...)
+	cmd.Env = minimalEnv
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}

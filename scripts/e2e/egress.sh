@@ -34,6 +34,8 @@ refuse() { # refuse AGENT SCRIPT: the command fails
 start=$(date +%s.%N)
 check "both agents exist"                     bash -c "'$AH' agent list | grep -q '^alice' && '$AH' agent list | grep -q '^bob'"
 check "the sandbox holds a placeholder"       expect alice 'echo "$ANTHROPIC_API_KEY"' '^agenthold-placeholder-[0-9a-f]{32}$'
+check "the sandbox runs unprivileged"         expect alice 'echo "uid=$(id -u) $(grep CapEff /proc/self/status)"' '^uid=[1-9][0-9]* CapEff:\s+0{16}$'
+check "the sandbox sees no gateway file"      refuse alice "ls $(dirname "$AGENTHOLD_SOCKET")/master.key $(dirname "$AGENTHOLD_SOCKET")/secrets.json"
 check "injected key, streamed answer"         expect alice 'curl -sSN https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -d {}' 'message_stop'
 check "same through the transparent proxy"    expect alice "curl -sSN --noproxy '*' https://api.anthropic.com/v1/messages -H \"x-api-key: \$ANTHROPIC_API_KEY\" -d {}" 'message_stop'
 check "inject mode sets the key on every call" expect alice "curl -sSN --noproxy '*' https://api.anthropic.com/v1/messages -d {}" 'message_stop'

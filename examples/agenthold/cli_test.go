@@ -1,0 +1,135 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
+)
+
+// captureStdout runs f and returns what it printed on stdout.
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	old := os.Stdout
+	os.Stdout = w
+	done := make(chan string)
+	go func() { b, _ := io.ReadAll(r); done <- string(b) }()
+	f()
+	os.Stdout = old
+	w.Close()
+	return <-done
+}
+
+// fakeAdmin serves a minimal admin API on a unix socket and returns its
+// path and how many requests it served.
+func fakeAdmin(t *testing.T) (string, *atomic.Int32) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "admin.sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	seen := new(atomic.Int32)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		seen.Add(1)
+		switch {
+		case r.Method == "GET" && r.URL.Path == "/v1/agents":
+			json.NewEncoder(w).Encode([]AgentInfo{{Name: "alice", UID: 200000}})
+		case r.Method == "GET":
+			w.Write([]byte("{}"))
+		default:
+			w.WriteHeader(http.StatusNoContent)
+		}
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return path, seen
+}
+
+func TestEveryCommandHasHelp(t *testing.T) {
+	for _, c := range commands {
+		t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
+			var code int
+			out := captureStdout(t, func() { code = run(append(strings.Fields(c.name), "--help")) })
+			assert.Equal(t, exitOK, code)
+			assert.Contains(t, out, "Usage: agenthold "+c.name)
+			assert.Contains(t, out, "Flags:")
+		})
+	}
+	out := captureStdout(t, func() { run([]string{"secret", "put", "--help"}) })
+	assert.Contains(t, out, `--template 'Bearer {{.Value}}'`, "the template syntax is shown with an example")
+	out = captureStdout(t, func() { run([]string{"help"}) })
+	for _, c := range commands {
+		assert.Contains(t, out, "  "+c.name+" ", "help lists %s", c.name)
+	}
+}
+
+// TestGlobalSocketAnywhere takes --socket before the command, between its
+// words and after its arguments.
+func TestGlobalSocketAnywhere(t *testing.T) {
+	socket, seen := fakeAdmin(t)
+	for _, args := range [][]string{
+		{"--socket", socket, "agent", "list"},
+		{"agent", "--socket=" + socket, "list"},
+		{"agent", "list", "--socket", socket},
+		{"policy", "show", "alice", "-socket", socket},
+	} {
+		var code int
+		captureStdout(t, func() { code = run(args) })
+		assert.Equal(t, exitOK, code, "agenthold %v", args)
+	}
+	assert.EqualValues(t, 4, seen.Load())
+	// After "--", the words are exec's command's, not ours.
+	env, rest, err := globalFlags([]string{"exec", "a", "--", "tool", "--socket", "x"})
+	require.NoError(t, err)
+	assert.Empty(t, env.socket)
+	assert.Equal(t, []string{"exec", "a", "--", "tool", "--socket", "x"}, rest)
+}
+
+// TestStateChangesSayWhatChanged checks that each command that changes the
+// server's state prints one line saying what changed.
+func TestStateChangesSayWhatChanged(t *testing.T) {
+	socket, _ := fakeAdmin(t)
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"agent", "delete", "alice"}, "agent alice deleted"},
+		{[]string{"policy", "set", "alice", "--allow", "github.com"}, "agent alice: policy now allowlist github.com"},
+		{[]string{"secret", "delete", "gh"}, "secret gh deleted"},
+		{[]string{"secret", "attach", "alice", "gh", "--env", "GH"}, "alice: $GH now holds a placeholder for gh"},
+		{[]string{"secret", "detach", "alice", "gh"}, "alice: secret gh detached"},
+	} {
+		var code int
+		out := captureStdout(t, func() { code = run(append(tt.args, "--socket", socket)) })
+		assert.Equal(t, exitOK, code, "%v", tt.args)
+		assert.Equal(t, 1, strings.Count(out, "\n"), "%v printed %q", tt.args, out)
+		assert.Contains(t, out, tt.want)
+	}
+}
+
+// TestLogTableShowsUpstreamFailures shows why an allowed query got no
+// answer, not only why a denied one was refused.
+func TestLogTableShowsUpstreamFailures(t *testing.T) {
+	servfail := egresslog.Record{Agent: "a", Kind: egresslog.KindDNS, Host: "slow.example", Method: "A", Allowed: true,
+		Status: dns.RcodeServerFailure, Reason: "upstream failed: i/o timeout"}
+	assert.Contains(t, logRow(servfail), "upstream failed: i/o timeout")
+	ok := egresslog.Record{Agent: "a", Kind: egresslog.KindDNS, Host: "example.com", Method: "AAAA", Allowed: true, Reason: "allowed by rule"}
+	assert.NotContains(t, logRow(ok), "allowed by rule", "a plain answer needs no reason")
+	denied := egresslog.Record{Agent: "a", Kind: egresslog.KindDNS, Host: "evil.example", Method: "A", Status: dns.RcodeNameError, Reason: "no allow entry matches the host"}
+	assert.Contains(t, logRow(denied), "no allow entry matches the host")
+}

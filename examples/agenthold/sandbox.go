@@ -1,0 +1,517 @@
+package main
+
+// `agenthold exec` confines a command to an agent's sandbox in two
+// stages, both this binary:
+//
+//  1. The command line (root) asks the server for the agent's ExecInfo,
+//     enters the agent's network namespace on a locked thread, and starts
+//     stage 2 from that thread in new mount, PID, UTS and IPC namespaces.
+//  2. Stage 2 is PID 1 of the new PID namespace and still root. It hides
+//     the gateway's files behind empty tmpfs mounts, gives the sandbox a
+//     private /tmp, /var/tmp, /dev/shm and /home with only the agent's own
+//     home in it, copies the CA files the environment names to where the
+//     sandbox can read them, mounts /proc and /sys for its namespaces, and
+//     drops every privilege on its thread: no capability in any set, an
+//     empty bounding set, no_new_privs. The command starts from that
+//     thread as the agent's uid and gid with no supplementary group, in a
+//     session of its own (no controlling terminal, so TIOCSTI cannot type
+//     into the operator's shell). Stage 2 reaps orphans and exits with the
+//     command's status; the kernel then kills whatever is left in the PID
+//     namespace.
+//
+// What it does not do: it is not a container runtime. The host's root
+// filesystem stays visible read-only as far as ordinary file permissions
+// go (the agent's uid reads what "others" may read); there is no seccomp
+// filter, no cgroup limit and no user namespace. A production sandbox is a
+// container (runc, gVisor) that joins the agent's network namespace: see
+// `agent create --netns`.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// ExecInfo is what `agenthold exec` needs to confine a command to an
+// agent's sandbox.
+type ExecInfo struct {
+	Agent string `json:"agent"`
+	// NetNSPath is the agent's network namespace as the server sees it;
+	// ServerPID lets the command line reach it through /proc/PID/root
+	// when the server runs in a mount namespace of its own.
+	NetNSPath string `json:"netns_path"`
+	ServerPID int    `json:"server_pid"`
+	UID       uint32 `json:"uid"`
+	GID       uint32 `json:"gid"`
+	// Home is the agent's home directory on the host; the sandbox sees it
+	// as /home/AGENT.
+	Home string   `json:"home"`
+	Env  []string `json:"env"`
+	// DataDir is hidden behind an empty tmpfs, in which the TrustFiles
+	// (CA certificate and bundle, which must lie under it) are placed
+	// again, readable by all.
+	DataDir    string   `json:"data_dir"`
+	TrustFiles []string `json:"trust_files"`
+	// Hide lists other paths the sandbox must not reach (the admin
+	// socket, the master key file).
+	Hide []string `json:"hide"`
+	// ResolvConf is the sandbox's /etc/resolv.conf.
+	ResolvConf string `json:"resolv_conf"`
+}
+
+// sandboxInitCommand is the hidden command line of stage 2.
+const sandboxInitCommand = "__sandbox-init"
+
+// stage2Spec is what stage 1 hands stage 2 on file descriptor 3.
+type stage2Spec struct {
+	Info ExecInfo `json:"info"`
+	Argv []string `json:"argv"`
+}
+
+// exitCode carries a command's exit status out of run.
+type exitCode int
+
+func (e exitCode) Error() string { return "exit status " + strconv.Itoa(int(e)) }
+
+// runSandboxed is stage 1: it enters the agent's network namespace and
+// runs stage 2 there, forwarding signals, and returns the command's exit
+// status as an exitCode.
+func runSandboxed(info ExecInfo, argv []string) error {
+	if os.Geteuid() != 0 {
+		return errors.New("exec enters the sandbox's namespaces: run it as root")
+	}
+	ns, err := openNetNS(info)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	spec, err := json.Marshal(stage2Spec{Info: info, Argv: argv})
+	if err != nil {
+		return err
+	}
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer specR.Close()
+
+	// The thread enters the sandbox's network namespace and never leaves
+	// it: it stays locked until the process exits, and the Go runtime
+	// starts no thread from a locked one.
+	runtime.LockOSThread()
+	if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		specW.Close()
+		return fmt.Errorf("enter the sandbox's network namespace: %w", err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		specW.Close()
+		return err
+	}
+	cmd := exec.Command(self, sandboxInitCommand)
+	cmd.Env = childEnv()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.ExtraFiles = []*os.File{specR}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		specW.Close()
+		return fmt.Errorf("start the sandbox: %w", err)
+	}
+	specR.Close()
+	_, werr := specW.Write(spec)
+	specW.Close()
+	if werr != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fmt.Errorf("start the sandbox: %w", werr)
+	}
+	stop := forwardSignals(cmd.Process.Pid)
+	defer stop()
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &ee):
+		return exitCode(statusCode(ee.Sys().(syscall.WaitStatus)))
+	}
+	return err
+}
+
+// openNetNS opens the agent's network namespace: at its path, or, when
+// the server runs in a private mount namespace (started under `ip netns
+// exec`, say) where the namespace's bind mount lives, through the
+// server's /proc/PID/root.
+func openNetNS(info ExecInfo) (*os.File, error) {
+	paths := []string{info.NetNSPath}
+	if info.ServerPID > 0 {
+		paths = append(paths, filepath.Join("/proc", strconv.Itoa(info.ServerPID), "root", info.NetNSPath))
+	}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		var st unix.Statfs_t
+		if unix.Fstatfs(int(f.Fd()), &st) == nil && st.Type == unix.NSFS_MAGIC {
+			return f, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("the network namespace %s of agent %s is not reachable from here: the server mounted it in a mount namespace this command cannot see; run exec in the server's mount namespace, or start the server with `nsenter --net=...` rather than `ip netns exec`", info.NetNSPath, info.Agent)
+}
+
+// forwardSignals passes the signals a user sends to stop a command on to
+// pid, until stop is called.
+func forwardSignals(pid int) (stop func()) {
+	c := make(chan os.Signal, 4)
+	signal.Notify(c, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-c:
+				syscall.Kill(pid, s.(syscall.Signal))
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(c); close(done) }
+}
+
+func statusCode(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
+// sandboxInit is stage 2: PID 1 of the sandbox's PID namespace, root in
+// fresh mount, UTS and IPC namespaces, already in the agent's network
+// namespace. It never returns without an error: it exits with the
+// command's status.
+func sandboxInit() error {
+	specFile := os.NewFile(3, "spec")
+	var spec stage2Spec
+	err := json.NewDecoder(io.LimitReader(specFile, 1<<20)).Decode(&spec)
+	specFile.Close() // nothing but stdin, stdout and stderr reaches the command
+	if err != nil {
+		return fmt.Errorf("sandbox: read its spec (%s is started by exec, not by hand): %w", sandboxInitCommand, err)
+	}
+	if os.Getpid() != 1 {
+		return errors.New("sandbox: not in a PID namespace of its own")
+	}
+	info := spec.Info
+	if info.UID == 0 || info.GID == 0 {
+		return errors.New("sandbox: refusing to run a command as root")
+	}
+	if len(spec.Argv) == 0 {
+		return errors.New("sandbox: no command")
+	}
+	// Descriptors that stage 1 inherited from whoever ran it (a shell's
+	// pipes, say) must not reach the command.
+	if err := closeOnExecAll(); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	runtime.LockOSThread() // the privileges are dropped on this thread, and the command forks from it
+	if err := confineMounts(info); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	if err := unix.Sethostname([]byte(info.Agent)); err != nil {
+		return fmt.Errorf("sandbox: hostname: %w", err)
+	}
+	if err := dropPrivileges(); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	env := sandboxEnvFor(info)
+	path, err := lookPath(spec.Argv[0], env)
+	if err != nil {
+		return err
+	}
+	cmd := &exec.Cmd{
+		Path: path, Args: spec.Argv, Env: env, Dir: sandboxHome(info),
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		SysProcAttr: &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: info.UID, Gid: info.GID, Groups: []uint32{}},
+			Setsid:     true,
+			Pdeathsig:  syscall.SIGKILL,
+		},
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	stop := forwardSignals(cmd.Process.Pid)
+	defer stop()
+	// As PID 1, reap every orphan until the command itself exits.
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("sandbox: wait: %w", err)
+		}
+		if pid == cmd.Process.Pid {
+			os.Exit(statusCode(syscall.WaitStatus(ws)))
+		}
+	}
+}
+
+// closeOnExecAll marks every descriptor above stderr close-on-exec.
+func closeOnExecAll() error {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd) // the directory's own descriptor is gone by now: EBADF is fine
+		}
+	}
+	return nil
+}
+
+// sandboxHome is where the agent's home appears inside the sandbox.
+func sandboxHome(info ExecInfo) string { return "/home/" + info.Agent }
+
+// sandboxEnvFor is the command's whole environment: the server's variables
+// for the agent (placeholders, proxy, CA files) and the basics of a login.
+func sandboxEnvFor(info ExecInfo) []string {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=" + sandboxHome(info), "USER=" + info.Agent, "LOGNAME=" + info.Agent,
+		"TERM=" + cmpString(os.Getenv("TERM"), "dumb"), "LANG=C.UTF-8",
+	}
+	return append(env, info.Env...)
+}
+
+func cmpString(s, def string) string {
+	if s != "" {
+		return s
+	}
+	return def
+}
+
+// lookPath finds a command by the sandbox's PATH.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, kv := range env {
+		if p, ok := strings.CutPrefix(kv, "PATH="); ok {
+			for _, dir := range filepath.SplitList(p) {
+				full := filepath.Join(dir, name)
+				if st, err := os.Stat(full); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+					return full, nil
+				}
+			}
+		}
+	}
+	return "", fmt.Errorf("sandbox: %s: command not found", name)
+}
+
+// confineMounts builds the sandbox's view of the filesystem in its own
+// mount namespace.
+func confineMounts(info ExecInfo) error {
+	// Nothing mounted here propagates back to the host.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	trust := map[string][]byte{}
+	for _, p := range info.TrustFiles {
+		if !within(p, info.DataDir) {
+			return fmt.Errorf("trust file %s is not under the data directory", p)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("trust file: %w", err)
+		}
+		trust[p] = b
+	}
+	home, err := unix.Open(info.Home, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the agent's home %s: %w", info.Home, err)
+	}
+	defer unix.Close(home)
+
+	// Private scratch space, and nothing of the host's shared memory,
+	// temporary files or other users' homes.
+	for _, dir := range []string{"/tmp", "/var/tmp", "/dev/shm"} {
+		if _, err := os.Stat(dir); err == nil {
+			if err := mountTmpfs(dir, "1777"); err != nil {
+				return err
+			}
+		}
+	}
+	if err := mountTmpfs("/home", "0755"); err != nil {
+		return err
+	}
+	// The gateway's state, and the namespaces of every agent.
+	if err := mountTmpfs(info.DataDir, "0755"); err != nil {
+		return err
+	}
+	for _, p := range append([]string{"/run/netns", "/var/run/netns"}, info.Hide...) {
+		if err := hide(p); err != nil {
+			return err
+		}
+	}
+	for p, b := range trust {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			return err
+		}
+	}
+	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t" + info.Agent + "\n"
+	for name, content := range map[string]string{"resolv.conf": info.ResolvConf, "hosts": hosts} {
+		file := filepath.Join(info.DataDir, name)
+		if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+			return err
+		}
+		if err := unix.Mount(file, "/etc/"+name, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("place /etc/%s: %w", name, err)
+		}
+	}
+	inside := sandboxHome(info)
+	if err := os.Mkdir(inside, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(home), inside, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("mount the agent's home: %w", err)
+	}
+	if err := unix.Mount("", inside, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("mount the agent's home nosuid: %w", err)
+	}
+	// /proc for this PID namespace, /sys for this network namespace.
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount /proc: %w", err)
+	}
+	unix.Unmount("/sys", unix.MNT_DETACH) // absent or busy: mounted over below
+	if err := unix.Mount("sysfs", "/sys", "sysfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount /sys: %w", err)
+	}
+	return nil
+}
+
+// mountTmpfs mounts an empty tmpfs at dir. A dir that is gone because it
+// lay in the host's /tmp is made again in the private one; any other dir
+// must exist, since nothing is ever created on the host.
+func mountTmpfs(dir, mode string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if !within(dir, "/tmp") {
+			return fmt.Errorf("%s does not exist", dir)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode="+mode+",size=64m"); err != nil {
+		return fmt.Errorf("hide %s: %w", dir, err)
+	}
+	return nil
+}
+
+// hide makes path unreachable: an empty tmpfs over a directory, /dev/null
+// over anything else. A path that does not exist (or is already hidden)
+// is left alone.
+func hide(path string) error {
+	real, err := filepath.EvalSymlinks(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("hide %s: %w", path, err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return fmt.Errorf("hide %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return mountTmpfs(real, "0755")
+	}
+	if err := unix.Mount("/dev/null", real, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("hide %s: %w", path, err)
+	}
+	return nil
+}
+
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
+}
+
+// dropPrivileges leaves the calling thread (and whatever it starts) no
+// way back to privilege: no_new_privs, an empty bounding set, no ambient
+// or inheritable capability. The command's change of uid then clears the
+// permitted and effective sets.
+func dropPrivileges() error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	last, err := lastCap()
+	if err != nil {
+		return err
+	}
+	for c := 0; c <= last; c++ {
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
+			return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("clear inheritable capabilities: %w", err)
+	}
+	return nil
+}
+
+func lastCap() (int, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return 0, fmt.Errorf("read the last capability: %w", err)
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// childEnv is the whole environment of every program agenthold starts:
+// nothing of its own (AGENTHOLD_MASTER_KEY least of all) but a PATH, the
+// switch that lets a test binary stand in for agenthold, and the race
+// detector's options for such a binary.
+func childEnv() []string {
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	for _, k := range []string{testAsCLIEnv, "GORACE"} {
+		if v := os.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// testAsCLIEnv makes a test binary run as agenthold's command line (see
+// TestMain), so that exec's second stage and the demo's server work from
+// tests.
+const testAsCLIEnv = "AGENTHOLD_TEST_AS_CLI"
