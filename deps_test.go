@@ -17,8 +17,10 @@ var allowedDeps = map[string][]string{
 	"vault":     nil,
 	"policy":    {module + "/netguard", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
 	"dnsfilter": {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
-	"tproxy":    {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", "github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
-	"mitm":      {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter"},
+	"tproxy":    {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter"},
+	// The redirect rules: a leaf of their own, Linux only.
+	"tproxy/nftrules": {"github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
+	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter"},
 }
 
 // TestDependencyGraph keeps the packages independent: each imports only

@@ -12,6 +12,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -45,7 +46,7 @@ func newHarness(t *testing.T, allow []string, configure func(*Server)) *harness 
 	if configure != nil {
 		configure(h.srv)
 	}
-	pc, ln := listenDNS(t)
+	pc, ln := testkit.ListenDNS(t)
 	h.addr = pc.LocalAddr().String()
 	done := make(chan error, 1)
 	go func() { done <- h.srv.Serve(pc, ln) }()

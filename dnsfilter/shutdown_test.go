@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -28,7 +29,7 @@ func TestShutdownWhileServing(t *testing.T) {
 	const cycles = 100
 	for i := range cycles {
 		srv := &Server{Agents: agents, Upstreams: []string{up.addr}, Timeout: 200 * time.Millisecond}
-		pc, ln := listenDNS(t)
+		pc, ln := testkit.ListenDNS(t)
 		addr := pc.LocalAddr().String()
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(pc, ln) }()
@@ -63,7 +64,7 @@ func TestShutdownWhileServing(t *testing.T) {
 func TestServeAfterShutdown(t *testing.T) {
 	srv := &Server{}
 	require.NoError(t, srv.Close())
-	pc, ln := listenDNS(t)
+	pc, ln := testkit.ListenDNS(t)
 	assert.ErrorIs(t, srv.Serve(pc, ln), ErrServerClosed)
 	_, _, err := pc.ReadFrom(make([]byte, 1))
 	assert.Error(t, err, "the packet conn must be closed")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/agenthold/egress/internal/testkit"
 )
 
 // zone is the authoritative test zone the upstream serves. Addresses are
@@ -40,39 +42,12 @@ type upstream struct {
 	lastOpt *dns.OPT
 }
 
-// listenDNS opens a UDP socket and a TCP listener on one loopback port,
-// as a DNS server serves both.
-func listenDNS(t testing.TB) (net.PacketConn, net.Listener) {
-	t.Helper()
-	// The UDP port's TCP twin may be taken (by a connection in TIME_WAIT,
-	// say): try another pair.
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", pc.LocalAddr().String())
-		if err == nil {
-			return pc, ln
-		}
-		pc.Close()
-	}
-	t.Fatal("no free UDP and TCP port pair on 127.0.0.1")
-	return nil, nil
-}
-
 func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{queries: map[string]int{}}
-	pc, ln := listenDNS(t)
+	pc, ln := testkit.ListenDNS(t)
 	u.addr = pc.LocalAddr().String()
-	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: u}, {Listener: ln, Handler: u}} {
-		started := make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started) }
-		go srv.ActivateAndServe()
-		<-started
-		t.Cleanup(func() { srv.Shutdown() })
-	}
+	testkit.ServeDNS(t, u, pc, ln)
 	return u
 }
 

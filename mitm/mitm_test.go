@@ -29,6 +29,7 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/vault"
@@ -127,7 +128,7 @@ func newRig(t testing.TB) *rig {
 		Claim:    func(agent, host string) bool { return agent == "a1" && host == "api.test" },
 		Injector: r.vault,
 		Guard:    guard,
-		Resolver: fixedResolver{"api.test": loop, "other.test": loop, "broken.test": loop, "selfsigned.test": {netip.MustParseAddr("127.0.0.3")}},
+		Resolver: testkit.Resolver{"api.test": loop, "other.test": loop, "broken.test": loop, "selfsigned.test": {netip.MustParseAddr("127.0.0.3")}},
 		RootCAs:  rootPool(r.upRoot),
 		Log:      r.log,
 	}
@@ -155,15 +156,6 @@ func (r *rig) serveIntercepted(host string) string {
 		}
 	}()
 	return ln.Addr().String()
-}
-
-type fixedResolver map[string][]netip.Addr
-
-func (f fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if a, ok := f[host]; ok {
-		return a, nil
-	}
-	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 }
 
 // client returns an HTTP client that trusts the interception CA and
@@ -238,17 +230,7 @@ func TestInjectHTTP1AndHTTP2(t *testing.T) {
 
 func (r *rig) waitRecord(f func(egresslog.Record) bool) egresslog.Record {
 	r.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, rec := range r.log.List(egresslog.Filter{}, 0) {
-			if f(rec) {
-				return rec
-			}
-		}
-		time.Sleep(10 * time.Millisecond) // records land when the handler returns
-	}
-	r.t.Fatalf("no matching record in %+v", r.log.List(egresslog.Filter{}, 0))
-	return egresslog.Record{}
+	return testkit.WaitRecord(r.t, r.log, f)
 }
 
 func TestCurlThroughInterception(t *testing.T) {
@@ -510,7 +492,7 @@ func TestSecretNeverLeaks(t *testing.T) {
 	// An upstream failure after injection: the URL (with the secret in
 	// its query) must not appear in the error.
 	r.ic.Close() // no pooled connection to the old address
-	r.ic.Resolver.(fixedResolver)["api.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.4")}
+	r.ic.Resolver.(testkit.Resolver)["api.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.4")}
 	resp, body := r.get(c, "https://api.test/fail?key="+r.ph, nil)
 	answers = append(answers, body)
 	if resp.StatusCode != http.StatusBadGateway {
@@ -518,7 +500,7 @@ func TestSecretNeverLeaks(t *testing.T) {
 	}
 	// Refused by netguard.
 	r.ic.Close()
-	r.ic.Resolver.(fixedResolver)["api.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
+	r.ic.Resolver.(testkit.Resolver)["api.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
 	_, body = r.get(c, "https://api.test/meta?key="+r.ph, nil)
 	answers = append(answers, body)
 	r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/meta" })

@@ -11,8 +11,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/agenthold/egress/egresslog"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
 )
 
 // TestInterceptCancelledWithLiveClients cancels Intercept's context while

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/agenthold/egress/internal/testkit"
 )
 
 // listen starts a TCP listener on loopback that accepts and closes.
@@ -28,14 +30,6 @@ func listen(t *testing.T, network, addr string) netip.AddrPort {
 		}
 	}()
 	return ln.Addr().(*net.TCPAddr).AddrPort()
-}
-
-// fixedResolver answers every name with the same addresses, standing in for
-// a resolver that an attacker controls.
-type fixedResolver []netip.Addr
-
-func (r fixedResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
-	return r, nil
 }
 
 func TestControlRefusesAtConnect(t *testing.T) {
@@ -71,14 +65,14 @@ func TestDialerRebinding(t *testing.T) {
 		host    string
 		wantErr string
 	}{
-		{"name resolving to loopback", Dialer{Resolver: fixedResolver{netip.MustParseAddr("127.0.0.1")}}, "rebind.example", "loopback"},
-		{"name resolving to metadata", Dialer{Resolver: fixedResolver{netip.MustParseAddr("169.254.169.254")}}, "rebind.example", "metadata"},
+		{"name resolving to loopback", Dialer{Resolver: testkit.Resolver{"rebind.example": {netip.MustParseAddr("127.0.0.1")}}}, "rebind.example", "loopback"},
+		{"name resolving to metadata", Dialer{Resolver: testkit.Resolver{"rebind.example": {netip.MustParseAddr("169.254.169.254")}}}, "rebind.example", "metadata"},
 		{"decimal literal", Dialer{}, "2130706433", "loopback"},
 		{"hex literal", Dialer{}, "0x7f000001", "loopback"},
 		{"short literal", Dialer{}, "127.1", "loopback"},
 		{"mapped literal", Dialer{}, "[::ffff:127.0.0.1]", "loopback"},
 		{"bad literal", Dialer{}, "1.2.3.256", "not a valid"},
-		{"private without opt-in", Dialer{Resolver: fixedResolver{netip.MustParseAddr("10.0.0.1")}}, "internal.example", "private networks are not allowed"},
+		{"private without opt-in", Dialer{Resolver: testkit.Resolver{"internal.example": {netip.MustParseAddr("10.0.0.1")}}}, "internal.example", "private networks are not allowed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -103,7 +97,7 @@ func TestDialerSkipsDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := Dialer{Guard: g, Resolver: fixedResolver{netip.MustParseAddr("127.0.0.1"), ap.Addr()}}
+	d := Dialer{Guard: g, Resolver: testkit.Resolver{"mixed.example": {netip.MustParseAddr("127.0.0.1"), ap.Addr()}}}
 	c, err := d.DialContext(context.Background(), "tcp", "mixed.example:"+strconv.Itoa(int(ap.Port())))
 	if err != nil {
 		t.Fatalf("dial: %v", err)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -37,7 +38,7 @@ func benchProxy(b *testing.B, dst netip.AddrPort) string {
 		Agents:           func(netip.Addr) (string, *policy.Policy, bool) { return "bench", pol, true },
 		Names:            func(string, netip.Addr) []string { return []string{"bench.test"} },
 		Guard:            guard,
-		Resolver:         fixedResolver{"bench.test": {dst.Addr()}},
+		Resolver:         testkit.Resolver{"bench.test": {dst.Addr()}},
 		OriginalDst:      func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil },
 		MaxConns:         1 << 20,
 		MaxConnsPerAgent: 1 << 20,

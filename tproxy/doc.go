@@ -1,5 +1,4 @@
-// Package tproxy is the transparent TCP proxy, the explicit proxy, and the
-// nftables rules that feed them.
+// Package tproxy is the transparent TCP proxy and the explicit proxy.
 //
 // A sandbox's TCP arrives redirected by nftables; the proxy reads the
 // original destination (SO_ORIGINAL_DST, IP6T_SO_ORIGINAL_DST), finds the
@@ -24,20 +23,14 @@
 // HTTPS_PROXY: CONNECT tunnels (whose contents are judged again, like a
 // transparent connection) and absolute-form plain HTTP.
 //
-// GatewayRules and SidecarRules install the redirect: in the gateway's own
-// namespace for agent-facing interfaces or source prefixes, or inside a
-// sandbox's namespace with one exempt uid. Both are one batch in a table
-// of their own that Close removes; if the process dies, redirected
-// traffic meets closed ports and nothing is forwarded, so sandboxes lose
-// the network and never gain it.
+// The redirect rules that feed the transparent proxy are in the package
+// nftrules (Linux only); tproxy itself builds on every OS.
 //
 // Typical use:
 //
 //	p := &tproxy.Proxy{Agents: agents, Names: dns.Names, Guard: guard, Resolver: dns, Log: log}
 //	go p.Serve(transparentListener)
 //	go p.ServeExplicit(explicitListener)
-//	rules, err := tproxy.GatewayRules{Interfaces: []string{"veth-a1"}, DNSPort: 15053, ProxyPort: 15001, OpenPorts: []uint16{15002}}.Apply()
-//	defer rules.Close()
 //
 // TLS that passes through is judged by its server name only: a CDN that
 // routes by the Host inside the TLS (domain fronting) can carry a request

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log"
@@ -28,8 +27,10 @@ import (
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/netns"
 	"github.com/agenthold/egress/internal/readyline"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/tproxy/nftrules"
 )
 
 // gatewayConfig is what the gateway helper process is told.
@@ -82,7 +83,7 @@ func TestGatewayHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	elog := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
-	rules, err := GatewayRules{Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
+	rules, err := nftrules.GatewayRules{Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ type nsWorld struct {
 	sb2         *netns.NS // a second sandbox, on its own link, that no agent owns
 	sb2Iface    string
 	gwIface2    string
-	ca          *testCA
+	ca          *testkit.CA
 	caFile      string
 	records     string
 	gateway     *exec.Cmd
@@ -127,7 +128,7 @@ type nsWorld struct {
 }
 
 func TestGatewayInNamespaces(t *testing.T) {
-	requireNamespaces(t)
+	testkit.RequireNamespaces(t)
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Skip("requires curl (apt-get install curl)")
 	}
@@ -312,7 +313,7 @@ func step(t *testing.T, name string, f func()) {
 }
 
 func newNSWorld(t *testing.T) *nsWorld {
-	w := &nsWorld{t: t, sb: newNS(t, "sb"), gw: newNS(t, "gw"), in: newNS(t, "in"), sb2: newNS(t, "sbb")}
+	w := &nsWorld{t: t, sb: testkit.NewNS(t, "sb"), gw: testkit.NewNS(t, "gw"), in: testkit.NewNS(t, "in"), sb2: testkit.NewNS(t, "sbb")}
 	sbIf := netns.Unique("vs")
 	w.gwIface = netns.Unique("vg")
 	gwUp, inIf := netns.Unique("vu"), netns.Unique("vi")
@@ -364,34 +365,19 @@ func newNSWorld(t *testing.T) *nsWorld {
 // server for "test." and the services the sandbox tries to reach.
 func (w *nsWorld) startInternet() {
 	t := w.t
-	ca := newTestCA(t)
+	ca := testkit.NewCA(t)
 	w.ca = ca
 	w.caFile = filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(w.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw}), 0o644); err != nil {
+	if err := os.WriteFile(w.caFile, ca.PEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	zone := map[string][2]string{ // name -> A, AAAA
-		"api.test.": {"198.18.100.1", "fd00:100::1"}, "www.test.": {"198.18.100.2", ""}, "ssh.test.": {"198.18.100.3", ""},
-		"sub.wild.test.": {"198.18.100.4", ""}, "wild.test.": {"198.18.100.4", ""}, "other.test.": {"198.18.100.5", ""},
-		"meta.test.": {"169.254.169.254", ""},
+	ip := netip.MustParseAddr
+	zone := testkit.Zone{
+		"api.test": {ip("198.18.100.1"), ip("fd00:100::1")}, "www.test": {ip("198.18.100.2")}, "ssh.test": {ip("198.18.100.3")},
+		"sub.wild.test": {ip("198.18.100.4")}, "wild.test": {ip("198.18.100.4")}, "other.test": {ip("198.18.100.5")},
+		"meta.test": {ip("169.254.169.254")},
 	}
 	err := w.in.Do(func() error {
-		handler := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
-			m := new(dns.Msg)
-			m.SetReply(r)
-			q := r.Question[0]
-			addrs, ok := zone[strings.ToLower(q.Name)]
-			if !ok {
-				m.Rcode = dns.RcodeNameError
-			}
-			if q.Qtype == dns.TypeA && addrs[0] != "" {
-				m.Answer = append(m.Answer, mustRR(fmt.Sprintf("%s 60 IN A %s", q.Name, addrs[0])))
-			}
-			if q.Qtype == dns.TypeAAAA && addrs[1] != "" {
-				m.Answer = append(m.Answer, mustRR(fmt.Sprintf("%s 60 IN AAAA %s", q.Name, addrs[1])))
-			}
-			rw.WriteMsg(m)
-		})
 		// Sockets are made here, on the namespace's thread; the servers
 		// run on any.
 		pc, err := net.ListenPacket("udp", "198.18.2.1:53")
@@ -402,13 +388,7 @@ func (w *nsWorld) startInternet() {
 		if err != nil {
 			return err
 		}
-		for _, srv := range []*dns.Server{{PacketConn: pc, Handler: handler}, {Listener: tcpLn, Handler: handler}} {
-			started := make(chan struct{})
-			srv.NotifyStartedFunc = func() { close(started) }
-			go srv.ActivateAndServe()
-			<-started
-			t.Cleanup(func() { srv.Shutdown() })
-		}
+		testkit.ServeDNS(t, zone, pc, tcpLn)
 		https := func(addr string, names ...string) error {
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
@@ -418,7 +398,7 @@ func (w *nsWorld) startInternet() {
 				Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 					fmt.Fprintf(rw, "%s %s\n", r.Context().Value(http.LocalAddrContextKey), r.Host)
 				}),
-				TLSConfig: &tls.Config{Certificates: []tls.Certificate{ca.issue(t, names...)}},
+				TLSConfig: &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, names...)}},
 				ErrorLog:  log.New(io.Discard, "", 0),
 			}
 			go srv.ServeTLS(ln, "", "")
@@ -522,7 +502,7 @@ func (w *nsWorld) curl(args ...string) (string, error) {
 // goHTTPS fetches https://host/ with the Go client from the sandbox.
 func (w *nsWorld) goHTTPS(host string) (string, error) {
 	tr := &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: w.ca.pool},
+		TLSClientConfig: &tls.Config{RootCAs: w.ca.Pool},
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			host, port, _ := net.SplitHostPort(addr)
 			ip := w.lookupInSandbox(host)
@@ -689,12 +669,4 @@ func (w *nsWorld) waitRecord(f func(egresslog.Record) bool) {
 		}
 		time.Sleep(50 * time.Millisecond) // the records file is written by another process
 	}
-}
-
-func mustRR(s string) dns.RR {
-	rr, err := dns.NewRR(s)
-	if err != nil {
-		panic(err)
-	}
-	return rr
 }

@@ -3,86 +3,24 @@ package tproxy
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
-
-// testCA issues server certificates for the test servers.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t testing.TB) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "tproxy test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-func (ca *testCA) issue(t testing.TB, names ...string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: names[0]},
-		DNSNames: names, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// fixedResolver is the gateway's resolver in loopback tests.
-type fixedResolver map[string][]netip.Addr
-
-func (r fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if a, ok := r[strings.ToLower(host)]; ok {
-		return a, nil
-	}
-	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-}
 
 // world is a proxy on loopback in front of real servers: an HTTPS server
 // and an HTTP server that say which address they are, a server-first
@@ -92,7 +30,7 @@ func (r fixedResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.A
 // thing).
 type world struct {
 	t        *testing.T
-	ca       *testCA
+	ca       *testkit.CA
 	proxy    *Proxy
 	log      *egresslog.Log
 	pol      atomic.Pointer[policy.Policy]
@@ -107,7 +45,7 @@ type world struct {
 
 func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {
 	t.Helper()
-	w := &world{t: t, ca: newTestCA(t), log: &egresslog.Log{}}
+	w := &world{t: t, ca: testkit.NewCA(t), log: &egresslog.Log{}}
 	w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: allow})
 	empty := []string{}
 	w.names.Store(&empty)
@@ -132,7 +70,7 @@ func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {
 		},
 		Names: func(agent string, _ netip.Addr) []string { return *w.names.Load() },
 		Guard: guard,
-		Resolver: fixedResolver{
+		Resolver: testkit.Resolver{
 			"api.test": loop2, "other.test": loop2, "blocked.test": loop2, "svc.test": loop2,
 			"meta.test": {netip.MustParseAddr("169.254.169.254")},
 		},
@@ -190,7 +128,7 @@ func (w *world) serveTLS(addr string, names ...string) netip.AddrPort {
 		Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(rw, "%s %s", addr, r.Host)
 		}),
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{w.ca.issue(w.t, names...)}},
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{w.ca.Issue(w.t, names...)}},
 		ErrorLog:  log.New(io.Discard, "", 0),
 	}
 	go srv.ServeTLS(ln, "", "")
@@ -269,7 +207,7 @@ func (w *world) tryDial(dst netip.AddrPort) (net.Conn, error) {
 func (w *world) httpsGet(dst netip.AddrPort, sni string) (string, error) {
 	c := w.dial(dst)
 	defer c.Close()
-	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: w.ca.pool})
+	tc := tls.Client(c, &tls.Config{ServerName: sni, RootCAs: w.ca.Pool})
 	tc.SetDeadline(time.Now().Add(5 * time.Second))
 	if err := tc.Handshake(); err != nil {
 		return "", err
@@ -287,25 +225,7 @@ func (w *world) httpsGet(dst netip.AddrPort, sni string) (string, error) {
 // waitRecord waits for a record matching f, failing after a bound.
 func (w *world) waitRecord(f func(egresslog.Record) bool) egresslog.Record {
 	w.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	fl := w.log.Follow(context.Background(), egresslog.Filter{}, 1024)
-	defer fl.Close()
-	for _, r := range w.log.List(egresslog.Filter{}, 0) {
-		if f(r) {
-			return r
-		}
-	}
-	for {
-		select {
-		case r := <-fl.C:
-			if f(r) {
-				return r
-			}
-		case <-time.After(time.Until(deadline)):
-			w.t.Fatalf("no matching record; have %+v", w.log.List(egresslog.Filter{}, 0))
-			return egresslog.Record{}
-		}
-	}
+	return testkit.WaitRecord(w.t, w.log, f)
 }
 
 func isReset(err error) bool {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -58,7 +59,7 @@ func TestForgedSNI(t *testing.T) {
 // key share) in three writes with pauses, as TCP segments may arrive.
 func TestBigClientHello(t *testing.T) {
 	w := newWorld(t, []string{"api.example.test:*"}, func(p *Proxy) {
-		p.Resolver.(fixedResolver)["api.example.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+		p.Resolver.(testkit.Resolver)["api.example.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 	})
 	hello := realHellos(t)["go1.26-default-x25519mlkem768"]
 	c := w.dial(w.tlsAddr)
@@ -355,7 +356,7 @@ func TestExplicitProxy(t *testing.T) {
 	proxyURL, _ := url.Parse("http://" + w.explicit.Addr().String())
 	tr := &http.Transport{
 		Proxy:           http.ProxyURL(proxyURL),
-		TLSClientConfig: &tls.Config{RootCAs: w.ca.pool},
+		TLSClientConfig: &tls.Config{RootCAs: w.ca.Pool},
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.1")}}).DialContext(ctx, network, addr)
 		},
@@ -412,7 +413,7 @@ func TestExplicitProxy(t *testing.T) {
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("CONNECT: %v %v", resp, err)
 	}
-	tc := tls.Client(c, &tls.Config{ServerName: "blocked.test", RootCAs: w.ca.pool})
+	tc := tls.Client(c, &tls.Config{ServerName: "blocked.test", RootCAs: w.ca.Pool})
 	tc.SetDeadline(time.Now().Add(5 * time.Second))
 	if err := tc.Handshake(); err == nil {
 		t.Fatal("TLS to a denied name inside an allowed tunnel succeeded")
@@ -435,7 +436,7 @@ func TestExplicitSlowloris(t *testing.T) {
 
 func TestECHConnectionRefused(t *testing.T) {
 	w := newWorld(t, []string{"api.example.test:*"}, func(p *Proxy) {
-		p.Resolver.(fixedResolver)["api.example.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+		p.Resolver.(testkit.Resolver)["api.example.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 	})
 	hello := withExtension(t, realHellos(t)["curl-7.88-openssl-3.0"], extensionECH, []byte{0, 0, 1, 0, 1, 1, 0, 0, 0, 0})
 	c := w.dial(w.tlsAddr)

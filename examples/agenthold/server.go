@@ -24,6 +24,7 @@ import (
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/tproxy"
+	"github.com/agenthold/egress/tproxy/nftrules"
 	"github.com/agenthold/egress/vault"
 )
 
@@ -41,7 +42,7 @@ type server struct {
 	dns    *dnsfilter.Server
 	proxy  *tproxy.Proxy
 	ic     *mitm.Interceptor
-	rules  *tproxy.Rules
+	rules  *nftrules.Rules
 	admin  *http.Server
 	lock   *os.File
 
@@ -244,7 +245,7 @@ func (s *server) startDataPlane() error {
 		return err
 	}
 	go s.proxy.ServeExplicit(explicit)
-	s.rules, err = tproxy.GatewayRules{
+	s.rules, err = nftrules.GatewayRules{
 		Table: tableName(s.cfg.DataDir), DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
 		OpenPorts: []uint16{s.cfg.Egress.ExplicitPort, s.cfg.Egress.TunnelPort}, NoNetwork: s.cfg.Egress.Disabled,
 	}.Apply()

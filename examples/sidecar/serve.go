@@ -26,6 +26,7 @@ import (
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
+	"github.com/agenthold/egress/tproxy/nftrules"
 )
 
 // ports are the sidecar's ports, shared by rules and serve.
@@ -83,7 +84,7 @@ func cmdRules(args []string) error {
 	if p.exemptUID == 0 {
 		return usageError{"--exempt-uid 0 would exempt root"}
 	}
-	_, err := tproxy.SidecarRules{
+	_, err := nftrules.SidecarRules{
 		Table: "egress_sidecar", ExemptUID: uint32(p.exemptUID),
 		DNSPort: p.dns, HTTPPort: p.http, TLSPort: p.tls, OtherPort: p.other,
 	}.Apply()

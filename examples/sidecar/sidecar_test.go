@@ -22,6 +22,7 @@ import (
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/netns"
 	"github.com/agenthold/egress/internal/readyline"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/policy"
 )
@@ -382,9 +383,7 @@ func (p *pod) startInternet() {
 		if err != nil {
 			return err
 		}
-		srv := &dns.Server{PacketConn: pc, Handler: handler}
-		go srv.ActivateAndServe()
-		t.Cleanup(func() { srv.Shutdown() })
+		testkit.ServeDNS(t, handler, pc, nil)
 		echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "host=%s\n", r.Host)
 			for _, k := range []string{"Authorization", "X-Api-Key"} {

@@ -1,4 +1,6 @@
-package tproxy
+//go:build linux
+
+package nftrules
 
 import (
 	"errors"
@@ -82,7 +84,7 @@ const (
 // same name.
 func (g GatewayRules) Apply() (*Rules, error) {
 	if !g.NoNetwork && (g.DNSPort == 0 || g.ProxyPort == 0) {
-		return nil, errors.New("tproxy: gateway rules need a DNS port and a proxy port")
+		return nil, errors.New("nftrules: gateway rules need a DNS port and a proxy port")
 	}
 	r, err := openRules(g.NetNS, orString(g.Table, defaultTable))
 	if err != nil {
@@ -94,7 +96,7 @@ func (g GatewayRules) Apply() (*Rules, error) {
 	}
 	if err := r.conn.Flush(); err != nil {
 		r.release()
-		return nil, fmt.Errorf("tproxy: install gateway rules: %w", err)
+		return nil, fmt.Errorf("nftrules: install gateway rules: %w", err)
 	}
 	return r, nil
 }
@@ -109,7 +111,7 @@ func (sc SidecarRules) Apply() (*Rules, error) {
 	sc.build(r)
 	if err := r.conn.Flush(); err != nil {
 		r.release()
-		return nil, fmt.Errorf("tproxy: install sidecar rules: %w", err)
+		return nil, fmt.Errorf("nftrules: install sidecar rules: %w", err)
 	}
 	return r, nil
 }
@@ -129,7 +131,7 @@ func openRules(netnsPath, table string, extra ...nftables.ConnOption) (*Rules, e
 	if netnsPath != "" {
 		f, err := os.Open(netnsPath)
 		if err != nil {
-			return nil, fmt.Errorf("tproxy: open network namespace: %w", err)
+			return nil, fmt.Errorf("nftrules: open network namespace: %w", err)
 		}
 		r.netns = f
 		opts = append(opts, nftables.WithNetNSFd(int(f.Fd())))
@@ -137,7 +139,7 @@ func openRules(netnsPath, table string, extra ...nftables.ConnOption) (*Rules, e
 	c, err := nftables.New(append(opts, extra...)...)
 	if err != nil {
 		r.release()
-		return nil, fmt.Errorf("tproxy: nftables: %w", err)
+		return nil, fmt.Errorf("nftrules: nftables: %w", err)
 	}
 	r.conn = c
 	return r, nil
@@ -167,7 +169,7 @@ func (g GatewayRules) build(r *Rules) error {
 		elems = append(elems, nftables.SetElement{Key: ifname(name)})
 	}
 	if err := c.AddSet(r.ifaces, elems); err != nil {
-		return fmt.Errorf("tproxy: interface set: %w", err)
+		return fmt.Errorf("nftrules: interface set: %w", err)
 	}
 	src4 := &nftables.Set{Table: t, Name: "agent_src4", KeyType: nftables.TypeIPAddr, Interval: true}
 	src6 := &nftables.Set{Table: t, Name: "agent_src6", KeyType: nftables.TypeIP6Addr, Interval: true}
@@ -181,10 +183,10 @@ func (g GatewayRules) build(r *Rules) error {
 		}
 	}
 	if err := c.AddSet(src4, v4); err != nil {
-		return fmt.Errorf("tproxy: source set: %w", err)
+		return fmt.Errorf("nftrules: source set: %w", err)
 	}
 	if err := c.AddSet(src6, v6); err != nil {
-		return fmt.Errorf("tproxy: source set: %w", err)
+		return fmt.Errorf("nftrules: source set: %w", err)
 	}
 
 	agentNAT := c.AddChain(&nftables.Chain{Name: chainAgentNAT, Table: t})
@@ -308,7 +310,7 @@ func (r *Rules) setInterface(name string, add bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed || r.ifaces == nil {
-		return errors.New("tproxy: no interface set (closed, or sidecar rules)")
+		return errors.New("nftrules: no interface set (closed, or sidecar rules)")
 	}
 	e := []nftables.SetElement{{Key: ifname(name)}}
 	var err error
@@ -321,7 +323,7 @@ func (r *Rules) setInterface(name string, add bool) error {
 		err = r.conn.Flush()
 	}
 	if err != nil {
-		return fmt.Errorf("tproxy: update interface %s: %w", name, err)
+		return fmt.Errorf("nftrules: update interface %s: %w", name, err)
 	}
 	return nil
 }
@@ -337,7 +339,7 @@ func (r *Rules) Close() error {
 	defer r.release()
 	r.conn.DelTable(r.table)
 	if err := r.conn.Flush(); err != nil {
-		return fmt.Errorf("tproxy: remove table %s: %w", r.table.Name, err)
+		return fmt.Errorf("nftrules: remove table %s: %w", r.table.Name, err)
 	}
 	return nil
 }

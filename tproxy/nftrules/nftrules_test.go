@@ -1,4 +1,6 @@
-package tproxy
+//go:build linux
+
+package nftrules
 
 import (
 	"context"
@@ -16,6 +18,7 @@ import (
 	"github.com/mdlayher/netlink"
 
 	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/internal/testkit"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -88,27 +91,6 @@ func TestRulesetBytes(t *testing.T) {
 	checkGolden(t, "sidecar.nlmsg.golden", recordBatch(t, func(r *Rules) error { testSidecar.build(r); return nil }))
 }
 
-func requireNamespaces(t *testing.T) {
-	t.Helper()
-	if err := netns.Available(); err != nil {
-		t.Skipf("requires root and iproute2 to create network namespaces: %v", err)
-	}
-}
-
-func newNS(t *testing.T, prefix string) *netns.NS {
-	t.Helper()
-	n, err := netns.Add(netns.Unique(prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Delete(); err != nil {
-			t.Errorf("delete namespace: %v", err)
-		}
-	})
-	return n
-}
-
 var handles = regexp.MustCompile(` # handle \d+`)
 
 // nftList returns `nft list ruleset` inside a namespace.
@@ -129,7 +111,7 @@ func nftList(t *testing.T, n *netns.NS) string {
 // that Close removes everything and that a second Apply replaces, rather
 // than adds to, a table left by a crashed run.
 func TestRulesetInKernel(t *testing.T) {
-	requireNamespaces(t)
+	testkit.RequireNamespaces(t)
 	for _, tc := range []struct {
 		name  string
 		apply func(netnsPath string) (*Rules, error)
@@ -138,7 +120,7 @@ func TestRulesetInKernel(t *testing.T) {
 		{"sidecar", func(p string) (*Rules, error) { s := testSidecar; s.NetNS = p; return s.Apply() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNS(t, "nft")
+			n := testkit.NewNS(t, "nft")
 			crashed, err := tc.apply(n.Path()) // left behind, as by a crash
 			if err != nil {
 				t.Fatal(err)
@@ -175,8 +157,8 @@ func TestRulesetInKernel(t *testing.T) {
 }
 
 func TestNoNetworkRules(t *testing.T) {
-	requireNamespaces(t)
-	n := newNS(t, "nft")
+	testkit.RequireNamespaces(t)
+	n := testkit.NewNS(t, "nft")
 	r, err := GatewayRules{Table: "egress_test", NetNS: n.Path(), Interfaces: []string{"veth-agent1"}, NoNetwork: true}.Apply()
 	if err != nil {
 		t.Fatal(err)
