@@ -11,10 +11,16 @@
 // original port, through netguard's dial-time check, so a forged SNI or a
 // hosts-file entry in the sandbox reaches nothing new.
 //
-// Allowed connections are spliced by the kernel (io.Copy between two
-// *net.TCPConn), half-closed in each direction, closed when idle (read
+// Allowed connections are spliced by the kernel on Linux when both ends
+// are *net.TCPConn, half-closed in each direction, closed when idle (read
 // from TCP_INFO, since spliced bytes never reach user space), and recorded
-// in egresslog when they close. Server-first protocols work: while the
+// in egresslog when they close. A listener may yield any net.Conn (a
+// wrapper that counts bytes, a TLS connection): its bytes are then copied
+// through user space, and the original destination is read from the TCP
+// connection its NetConn method exposes. On other systems every copy goes
+// through user space, and there is no original destination to read
+// (OriginalDst is Linux only), so only the explicit proxy serves there
+// unless Proxy.OriginalDst is set. Server-first protocols work: while the
 // client is silent the proxy has already dialled the name the agent
 // resolved, and the server's greeting flows. TLS for hosts an Interceptor
 // claims (mitm) is handed over with the bytes already read.

@@ -111,18 +111,15 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusInternalServerError, "cannot take over the connection: "+err.Error())
 		return
 	}
-	tc, ok := conn.(*net.TCPConn)
-	if !ok {
+	if _, err := conn.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+		rec.Reason, rec.Duration = "client: "+err.Error(), time.Since(start)
+		p.record(rec)
 		conn.Close()
-		return
-	}
-	if _, err := tc.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
-		tc.Close()
 		return
 	}
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
 	ctx, cancel := context.WithCancel(p.baseCtx)
 	defer cancel()
-	s := &session{p: p, ctx: ctx, client: tc, agent: agent, pol: pol, src: f.src, dst: dst, names: names, kind: egresslog.KindConnect, start: start}
+	s := &session{p: p, ctx: ctx, client: conn, agent: agent, pol: pol, src: f.src, dst: dst, names: names, kind: egresslog.KindConnect, start: start}
 	s.run(buffered)
 }

@@ -70,8 +70,9 @@ type Proxy struct {
 	Log *egresslog.Log
 	// Logger receives operational messages; nil discards them.
 	Logger *slog.Logger
-	// OriginalDst reads a redirected connection's original destination;
-	// nil means OriginalDst (SO_ORIGINAL_DST).
+	// OriginalDst reads a redirected connection's original destination
+	// from the TCP connection beneath what the listener yielded; nil means
+	// OriginalDst (SO_ORIGINAL_DST, Linux only).
 	OriginalDst func(*net.TCPConn) (netip.AddrPort, error)
 
 	// DialTimeout bounds an upstream dial; zero means DefaultDialTimeout.
@@ -198,18 +199,13 @@ func (p *Proxy) Serve(ln net.Listener) error {
 			return err
 		}
 		delay = 0
-		tc, ok := c.(*net.TCPConn)
-		if !ok {
-			c.Close()
-			continue
-		}
 		if !p.beginSession() {
-			reset(tc)
+			reset(c)
 			return ErrServerClosed
 		}
 		go func() {
 			defer p.sessionsWG.Done()
-			p.serveTransparent(tc)
+			p.serveTransparent(c)
 		}()
 	}
 }

@@ -4,31 +4,73 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/agenthold/egress/egresslog"
 )
 
-// relay is one spliced connection: the client and the upstream, both
-// *net.TCPConn, between which spliceCopy moves bytes in the kernel.
+// relay is one allowed connection being copied: the client (whatever
+// connection the listener yielded) and the upstream. Between two
+// *net.TCPConn on Linux the kernel moves the bytes (splice); otherwise
+// copyTracked does, noting when bytes last moved.
 type relay struct {
-	client, up *net.TCPConn
+	client     net.Conn
+	up         *net.TCPConn
+	spliced    bool                   // both ends are TCP and the OS splices
+	lastActive atomic.Int64           // unix nanoseconds of the last bytes copyTracked moved
 	why        atomic.Pointer[string] // why it was cut short, if it was
+}
+
+func newRelay(client net.Conn, up *net.TCPConn) *relay {
+	_, clientTCP := client.(*net.TCPConn)
+	r := &relay{client: client, up: up, spliced: clientTCP && canSplice}
+	r.lastActive.Store(time.Now().UnixNano())
+	return r
 }
 
 // abort ends both directions at once with a reset, so that a reset on one
 // side surfaces as a reset on the other.
 func (r *relay) abort(why string) {
 	r.why.CompareAndSwap(nil, &why)
-	r.client.SetLinger(0)
-	r.up.SetLinger(0)
-	r.client.Close()
-	r.up.Close()
+	reset(r.client)
+	reset(r.up)
+}
+
+// copyBuffers are copyTracked's buffers.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyTracked copies through user space, recording when bytes last moved,
+// for connections the kernel cannot splice.
+func (r *relay) copyTracked(dst, src net.Conn) (int64, error) {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	var total int64
+	for {
+		n, rerr := src.Read(*bp)
+		if n > 0 {
+			r.lastActive.Store(time.Now().UnixNano())
+			m, werr := dst.Write((*bp)[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// sinceActive is how long ago copyTracked last moved bytes.
+func (r *relay) sinceActive() time.Duration {
+	return time.Since(time.Unix(0, r.lastActive.Load()))
 }
 
 // relay writes what each side sent before the decision to the other, then
@@ -40,7 +82,7 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 	if s.p.Log != nil {
 		conn = s.p.Log.Begin(rec)
 	}
-	r := &relay{client: s.client, up: up}
+	r := newRelay(s.client, up)
 	s.p.relays.add(r)
 	defer s.p.relays.remove(r)
 
@@ -72,7 +114,7 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 	r.up.Close()
 }
 
-func writeAll(c *net.TCPConn, b []byte) error {
+func writeAll(c net.Conn, b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
@@ -98,7 +140,7 @@ func (r *relay) run() (up, down int64, err error) {
 }
 
 func copyClientToUpstream(r *relay) (int64, error) {
-	n, err := spliceCopy(r.up, r.client)
+	n, err := r.copy(r.up, r.client)
 	if err != nil {
 		r.abort("client->upstream: " + err.Error())
 		return n, fmt.Errorf("client->upstream: %w", err)
@@ -108,13 +150,21 @@ func copyClientToUpstream(r *relay) (int64, error) {
 }
 
 func copyUpstreamToClient(r *relay) (int64, error) {
-	n, err := spliceCopy(r.client, r.up)
+	n, err := r.copy(r.client, r.up)
 	if err != nil {
 		r.abort("upstream->client: " + err.Error())
 		return n, fmt.Errorf("upstream->client: %w", err)
 	}
-	r.client.CloseWrite()
+	closeWrite(r.client)
 	return n, nil
+}
+
+// closeWrite half-closes c if it can; otherwise the end of stream is
+// passed on when the connection closes.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
 }
 
 // relaySet is the set of open relays, swept for idleness.
@@ -152,9 +202,6 @@ func (rs *relaySet) closeAll() {
 }
 
 // startSweeper starts, once, the goroutine that closes idle relays.
-// Spliced bytes never pass through user space, so idleness is read from
-// the kernel: TCP_INFO's time since data was last received, on both
-// sockets.
 func (p *Proxy) startSweeper() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -173,7 +220,7 @@ func (p *Proxy) startSweeper() {
 				return
 			case <-t.C:
 				for _, r := range p.relays.snapshot() {
-					if idleFor(r.client) >= idle && idleFor(r.up) >= idle {
+					if r.idle() >= idle {
 						r.abort(ReasonIdle)
 					}
 				}
@@ -182,27 +229,12 @@ func (p *Proxy) startSweeper() {
 	}()
 }
 
-// idleFor returns how long ago c last received data, or 0 if unknown.
-func idleFor(c *net.TCPConn) time.Duration {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0
-	}
-	var d time.Duration
-	rc.Control(func(fd uintptr) {
-		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
-			d = time.Duration(info.Last_data_recv) * time.Millisecond
-		}
-	})
-	return d
-}
-
 // prefixConn is a client connection whose first reads replay bytes the
 // proxy already read; it counts bytes each way. It wraps rather than
-// embeds the *net.TCPConn, so that no promoted ReadFrom or WriteTo can
-// skip the replayed bytes or the counts.
+// embeds the connection, so that no promoted ReadFrom or WriteTo can skip
+// the replayed bytes or the counts.
 type prefixConn struct {
-	c       *net.TCPConn
+	c       net.Conn
 	prefix  *bytes.Reader
 	read    atomic.Int64
 	written atomic.Int64
@@ -212,7 +244,7 @@ type prefixConn struct {
 
 var _ net.Conn = (*prefixConn)(nil)
 
-func newPrefixConn(c *net.TCPConn, prefix []byte) *prefixConn {
+func newPrefixConn(c net.Conn, prefix []byte) *prefixConn {
 	return &prefixConn{c: c, prefix: bytes.NewReader(prefix), closed: make(chan struct{})}
 }
 
@@ -241,8 +273,14 @@ func (c *prefixConn) Close() error {
 	return err
 }
 
-// CloseWrite half-closes the connection.
-func (c *prefixConn) CloseWrite() error                  { return c.c.CloseWrite() }
+// CloseWrite half-closes the connection, if it can be.
+func (c *prefixConn) CloseWrite() error {
+	if cw, ok := c.c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 func (c *prefixConn) LocalAddr() net.Addr                { return c.c.LocalAddr() }
 func (c *prefixConn) RemoteAddr() net.Addr               { return c.c.RemoteAddr() }
 func (c *prefixConn) SetDeadline(t time.Time) error      { return c.c.SetDeadline(t) }

@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"strconv"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/netguard"
@@ -108,7 +105,7 @@ func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy
 type session struct {
 	p      *Proxy
 	ctx    context.Context
-	client *net.TCPConn
+	client net.Conn
 	agent  string
 	pol    *policy.Policy
 	src    netip.AddrPort
@@ -119,7 +116,7 @@ type session struct {
 }
 
 // serveTransparent identifies, bounds and runs one redirected connection.
-func (p *Proxy) serveTransparent(c *net.TCPConn) {
+func (p *Proxy) serveTransparent(c net.Conn) {
 	start := time.Now()
 	src := addrPortOf(c.RemoteAddr())
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindTCP}
@@ -143,7 +140,10 @@ func (p *Proxy) serveTransparent(c *net.TCPConn) {
 	if origDst == nil {
 		origDst = OriginalDst
 	}
-	dst, err := origDst(c)
+	dst, err := netip.AddrPort{}, error(ErrNotTCP)
+	if tc, ok := tcpConnOf(c); ok {
+		dst, err = origDst(tc)
+	}
 	if err != nil || dst == addrPortOf(c.LocalAddr()) {
 		rec.Reason = ReasonNotRedirected
 		p.record(rec)
@@ -206,32 +206,6 @@ func readInto(c net.Conn, buf []byte) <-chan readResult {
 		ch <- readResult{buf[:len(buf)+n], err}
 	}()
 	return ch
-}
-
-// readNow reads what c already has into the free capacity of buf, without
-// waiting; no bytes and no error means the client has not spoken yet.
-func readNow(c *net.TCPConn, buf []byte) ([]byte, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return buf, err
-	}
-	var n int
-	var readErr error
-	if err := rc.Read(func(fd uintptr) bool {
-		n, readErr = unix.Read(int(fd), buf[len(buf):cap(buf)])
-		return true // one attempt: the socket is non-blocking
-	}); err != nil {
-		return buf, err
-	}
-	switch {
-	case readErr == unix.EAGAIN || readErr == unix.EINTR:
-		return buf, nil
-	case readErr != nil:
-		return buf, readErr
-	case n == 0:
-		return buf, io.EOF
-	}
-	return buf[:len(buf)+n], nil
 }
 
 // stopRead ends a pending readInto on c and returns what it read.
@@ -595,10 +569,33 @@ func (p *Proxy) dial(ctx context.Context, pol *policy.Policy, t target) (*net.TC
 	return tc, nil
 }
 
-// reset closes c with a TCP RST rather than a FIN.
-func reset(c *net.TCPConn) {
-	c.SetLinger(0)
+// reset closes c with a TCP RST rather than a FIN, where c is TCP.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
 	c.Close()
+}
+
+// ErrNotTCP means a connection has no TCP connection beneath it, so its
+// original destination cannot be read.
+var ErrNotTCP = errors.New("tproxy: not a TCP connection")
+
+// tcpConnOf finds the *net.TCPConn beneath c, unwrapping connections that
+// expose it with NetConn (as crypto/tls and many listeners' wrappers do).
+// It is for reading socket facts, never for moving bytes past a wrapper.
+func tcpConnOf(c net.Conn) (*net.TCPConn, bool) {
+	for range 8 {
+		switch v := c.(type) {
+		case *net.TCPConn:
+			return v, true
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
 }
 
 func addrPortOf(a net.Addr) netip.AddrPort {

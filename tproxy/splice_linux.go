@@ -4,9 +4,47 @@ import (
 	"errors"
 	"net"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// canSplice: Linux moves bytes between two TCP sockets in the kernel.
+const canSplice = true
+
+// copy moves bytes from src to dst until src's end of stream: spliced
+// when both ends are TCP, through user space otherwise.
+func (r *relay) copy(dst, src net.Conn) (int64, error) {
+	if r.spliced {
+		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn))
+	}
+	return r.copyTracked(dst, src)
+}
+
+// idle returns how long no byte has moved either way. Spliced bytes never
+// reach user space, so for those the kernel says: TCP_INFO's time since
+// data was last received, on both sockets.
+func (r *relay) idle() time.Duration {
+	if r.spliced {
+		return min(idleFor(r.client.(*net.TCPConn)), idleFor(r.up))
+	}
+	return r.sinceActive()
+}
+
+// idleFor returns how long ago c last received data, or 0 if unknown.
+func idleFor(c *net.TCPConn) time.Duration {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var d time.Duration
+	rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			d = time.Duration(info.Last_data_recv) * time.Millisecond
+		}
+	})
+	return d
+}
 
 // Why not io.Copy: between two *net.TCPConn it splices too, but it holds a
 // 64 KiB pipe for as long as the source is silent, so every idle

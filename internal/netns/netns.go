@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package netns creates and uses named network namespaces (the ones `ip
 // netns` manages) for tests and for the example programs: namespaces,
 // veth pairs between them, commands and Go code run inside them.

@@ -1,5 +1,5 @@
 // Package testkit holds the helpers that the module's tests share: kernel
-// namespaces for integration tests, a fixed resolver, a stub DNS server, a
+// namespaces for integration tests (Linux), a fixed resolver, a stub DNS server, a
 // test certificate authority, and waiting for a log record. It is imported
 // by tests only.
 package testkit
@@ -23,33 +23,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/internal/netns"
 )
-
-// RequireNamespaces skips t unless this process can create network
-// namespaces (root, with iproute2).
-func RequireNamespaces(t testing.TB) {
-	t.Helper()
-	if err := netns.Available(); err != nil {
-		t.Skipf("requires root and iproute2 to create network namespaces: %v", err)
-	}
-}
-
-// NewNS creates a network namespace with a unique name built on prefix,
-// deleted when the test ends.
-func NewNS(t testing.TB, prefix string) *netns.NS {
-	t.Helper()
-	n, err := netns.Add(netns.Unique(prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := n.Delete(); err != nil {
-			t.Errorf("delete namespace %s: %v", n.Name, err)
-		}
-	})
-	return n
-}
 
 // Resolver answers lookups from a fixed table (names in lower case); an
 // unknown name is not found. It implements netguard.Resolver.

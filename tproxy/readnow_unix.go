@@ -1,0 +1,42 @@
+//go:build unix
+
+package tproxy
+
+import (
+	"io"
+	"net"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// readNow reads what c already has into the free capacity of buf, without
+// waiting; no bytes and no error means the client has not spoken yet (or
+// c is not a socket that can be asked).
+func readNow(c net.Conn, buf []byte) ([]byte, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return buf, nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return buf, err
+	}
+	var n int
+	var readErr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, readErr = unix.Read(int(fd), buf[len(buf):cap(buf)])
+		return true // one attempt: the socket is non-blocking
+	}); err != nil {
+		return buf, err
+	}
+	switch {
+	case readErr == unix.EAGAIN || readErr == unix.EINTR:
+		return buf, nil
+	case readErr != nil:
+		return buf, readErr
+	case n == 0:
+		return buf, io.EOF
+	}
+	return buf[:len(buf)+n], nil
+}
