@@ -2,6 +2,7 @@ package vault
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -61,14 +62,13 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 // attachmentsOf returns, consistently, the key and the agent's
 // attachments with their secrets (nil where a secret is gone).
 func (v *Vault) attachmentsOf(agent string) ([]byte, []Attachment, []*secretEntry) {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	atts := v.attach[agent]
+	cur := v.cur.Load()
+	atts := cur.attach[agent]
 	entries := make([]*secretEntry, len(atts))
 	for i, a := range atts {
-		entries[i] = v.secrets[a.Secret]
+		entries[i] = cur.secrets[a.Secret]
 	}
-	return v.key, atts, entries
+	return cur.key, atts, entries
 }
 
 // apply puts one secret into r.
@@ -138,9 +138,7 @@ func (v *Vault) FillBody(agent, host, path string, body []byte) ([]byte, []strin
 
 // Placeholder returns the agent's placeholder for a secret.
 func (v *Vault) Placeholder(agent, secret string) (string, bool) {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	for _, a := range v.attach[agent] {
+	for _, a := range v.cur.Load().attach[agent] {
 		if a.Secret == secret {
 			return a.Placeholder, true
 		}
@@ -149,15 +147,23 @@ func (v *Vault) Placeholder(agent, secret string) (string, bool) {
 }
 
 // Replace stores a new value for an existing secret, keeping its rule and
-// attachments (a rotated token).
+// attachments (a rotated token). The rule is read and the value stored
+// under one writer's turn, so a concurrent SetRule is never lost.
 func (v *Vault) Replace(name string, value []byte) error {
-	v.mu.RLock()
-	e := v.secrets[name]
-	v.mu.RUnlock()
-	if e == nil {
-		return fmt.Errorf("vault: no secret %q", name)
+	if len(value) == 0 {
+		return errors.New("vault: empty value")
 	}
-	return v.Set(Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, value)
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	cur := v.cur.Load()
+	e := cur.secrets[name]
+	if e == nil {
+		return noSecret(name)
+	}
+	if _, err := e.rule.render(string(value)); err != nil {
+		return fmt.Errorf("vault: secret %q: %w", name, err)
+	}
+	return v.setLocked(cur, Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, e.rule, value)
 }
 
 // Covers reports whether one of the agent's attachments has a rule that
@@ -167,10 +173,9 @@ func (v *Vault) Covers(agent, host string) bool {
 	if err != nil {
 		return false
 	}
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	for _, a := range v.attach[agent] {
-		if e := v.secrets[a.Secret]; e != nil && e.rule.coversHost(h) {
+	cur := v.cur.Load()
+	for _, a := range cur.attach[agent] {
+		if e := cur.secrets[a.Secret]; e != nil && e.rule.coversHost(h) {
 			return true
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,16 +51,36 @@ type Options struct {
 
 // Vault stores secrets sealed at rest and injects them into requests.
 // Values are write-only: set, rotate and delete, never read back. It is
-// safe for concurrent use.
+// safe for concurrent use: readers (injection above all) take the current
+// state without a lock, and writers, one at a time, publish a new state
+// once it is stored, so that a write's disk I/O never stalls a request.
 type Vault struct {
 	opts  Options
 	store Storage
 
-	mu      sync.RWMutex
+	writeMu sync.Mutex // serialises writers, across their read, store and publish
+	cur     atomic.Pointer[state]
+}
+
+// state is one immutable version of the vault: a writer builds a new one
+// and never changes one that was published.
+type state struct {
 	key     []byte
 	secrets map[string]*secretEntry
 	attach  map[string][]Attachment // by agent, sorted by secret
 }
+
+// ErrNotFound is matched (with errors.Is) by the errors about a secret or
+// an attachment that does not exist.
+var ErrNotFound = errors.New("vault: not found")
+
+// notFound is an error that says what was not found and is ErrNotFound.
+type notFound string
+
+func (e notFound) Error() string        { return "vault: " + string(e) }
+func (e notFound) Is(target error) bool { return target == ErrNotFound }
+
+func noSecret(name string) error { return notFound(fmt.Sprintf("no secret %q", name)) }
 
 type secretEntry struct {
 	stored storedSecret
@@ -74,7 +95,9 @@ func Open(st Storage, key []byte, opts Options) (*Vault, error) {
 	if len(key) != KeySize {
 		return nil, fmt.Errorf("vault: master key is %d bytes, want %d", len(key), KeySize)
 	}
-	v := &Vault{opts: opts, store: st, key: slices.Clone(key), secrets: map[string]*secretEntry{}, attach: map[string][]Attachment{}}
+	v := &Vault{opts: opts, store: st}
+	cur := &state{key: slices.Clone(key), secrets: map[string]*secretEntry{}, attach: map[string][]Attachment{}}
+	v.cur.Store(cur)
 	data, err := st.Load()
 	if errors.Is(err, fs.ErrNotExist) {
 		return v, nil
@@ -91,13 +114,13 @@ func Open(st Storage, key []byte, opts Options) (*Vault, error) {
 		if err != nil {
 			return nil, fmt.Errorf("vault: secret %q: %w", s.Name, err)
 		}
-		v.secrets[s.Name] = &secretEntry{stored: s, rule: rule, ad: recordAD(&s)}
+		cur.secrets[s.Name] = &secretEntry{stored: s, rule: rule, ad: recordAD(&s)}
 	}
 	for _, a := range d.Attachments {
-		v.attach[a.Agent] = append(v.attach[a.Agent], Attachment(a))
+		cur.attach[a.Agent] = append(cur.attach[a.Agent], Attachment(a))
 	}
-	for agent := range v.attach {
-		sortAttachments(v.attach[agent])
+	for agent := range cur.attach {
+		sortAttachments(cur.attach[agent])
 	}
 	return v, nil
 }
@@ -127,20 +150,27 @@ func (v *Vault) Set(s Secret, value []byte) error {
 	if _, err := rule.render(string(value)); err != nil {
 		return fmt.Errorf("vault: secret %q: %w", s.Name, err)
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	return v.setLocked(v.cur.Load(), s, rule, value)
+}
+
+// setLocked stores a secret's value under its (compiled) rule; the caller
+// holds writeMu and read cur from the current state.
+func (v *Vault) setLocked(cur *state, s Secret, rule *compiledRule, value []byte) error {
 	now := v.now()
 	st := storedSecret{Name: s.Name, Owner: s.Owner, Rule: s.Rule, Created: now, Updated: now}
-	if old := v.secrets[s.Name]; old != nil {
+	if old := cur.secrets[s.Name]; old != nil {
 		st.Created = old.stored.Created
 	}
 	ad := recordAD(&st)
-	if st.Sealed, err = seal(v.key, ad, value); err != nil {
+	var err error
+	if st.Sealed, err = seal(cur.key, ad, value); err != nil {
 		return err
 	}
-	secrets := maps.Clone(v.secrets)
+	secrets := maps.Clone(cur.secrets)
 	secrets[s.Name] = &secretEntry{stored: st, rule: rule, ad: ad}
-	return v.commit(v.key, secrets, v.attach)
+	return v.commit(&state{key: cur.key, secrets: secrets, attach: cur.attach})
 }
 
 // SetRule changes the rule of a stored secret, keeping its value.
@@ -149,13 +179,14 @@ func (v *Vault) SetRule(name string, r Rule) error {
 	if err != nil {
 		return err
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	old := v.secrets[name]
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	cur := v.cur.Load()
+	old := cur.secrets[name]
 	if old == nil {
-		return fmt.Errorf("vault: no secret %q", name)
+		return noSecret(name)
 	}
-	value, err := open(v.key, old.ad, old.stored.Sealed)
+	value, err := open(cur.key, old.ad, old.stored.Sealed)
 	if err != nil {
 		return fmt.Errorf("vault: secret %q: %w", name, err)
 	}
@@ -166,41 +197,41 @@ func (v *Vault) SetRule(name string, r Rule) error {
 	st := old.stored
 	st.Rule, st.Updated = r, v.now()
 	ad := recordAD(&st)
-	if st.Sealed, err = seal(v.key, ad, value); err != nil {
+	if st.Sealed, err = seal(cur.key, ad, value); err != nil {
 		return err
 	}
-	secrets := maps.Clone(v.secrets)
+	secrets := maps.Clone(cur.secrets)
 	secrets[name] = &secretEntry{stored: st, rule: rule, ad: ad}
-	return v.commit(v.key, secrets, v.attach)
+	return v.commit(&state{key: cur.key, secrets: secrets, attach: cur.attach})
 }
 
 // Delete removes a secret and every attachment of it.
 func (v *Vault) Delete(name string) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.secrets[name] == nil {
-		return fmt.Errorf("vault: no secret %q", name)
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	cur := v.cur.Load()
+	if cur.secrets[name] == nil {
+		return noSecret(name)
 	}
-	secrets := maps.Clone(v.secrets)
+	secrets := maps.Clone(cur.secrets)
 	delete(secrets, name)
 	attach := map[string][]Attachment{}
-	for agent, list := range v.attach {
+	for agent, list := range cur.attach {
 		for _, a := range list {
 			if a.Secret != name {
 				attach[agent] = append(attach[agent], a)
 			}
 		}
 	}
-	return v.commit(v.key, secrets, attach)
+	return v.commit(&state{key: cur.key, secrets: secrets, attach: attach})
 }
 
 // List returns every secret's name, owner, rule and times, sorted by
 // name; never a value.
 func (v *Vault) List() []Info {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	out := make([]Info, 0, len(v.secrets))
-	for _, e := range v.secrets {
+	cur := v.cur.Load()
+	out := make([]Info, 0, len(cur.secrets))
+	for _, e := range cur.secrets {
 		out = append(out, Info{Secret: Secret{Name: e.stored.Name, Owner: e.stored.Owner, Rule: e.stored.Rule}, Created: e.stored.Created, Updated: e.stored.Updated})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -214,11 +245,12 @@ func (v *Vault) Rotate(newKey []byte) error {
 	if len(newKey) != KeySize {
 		return fmt.Errorf("vault: new key is %d bytes, want %d", len(newKey), KeySize)
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	cur := v.cur.Load()
 	secrets := map[string]*secretEntry{}
-	for name, e := range v.secrets {
-		value, err := open(v.key, e.ad, e.stored.Sealed)
+	for name, e := range cur.secrets {
+		value, err := open(cur.key, e.ad, e.stored.Sealed)
 		if err != nil {
 			return fmt.Errorf("vault: secret %q: %w", name, err)
 		}
@@ -230,7 +262,7 @@ func (v *Vault) Rotate(newKey []byte) error {
 		}
 		secrets[name] = &secretEntry{stored: st, rule: e.rule, ad: e.ad}
 	}
-	return v.commit(slices.Clone(newKey), secrets, v.attach)
+	return v.commit(&state{key: slices.Clone(newKey), secrets: secrets, attach: cur.attach})
 }
 
 var validEnv = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
@@ -265,12 +297,13 @@ func (v *Vault) setAttachment(agent, name, env, placeholder string) (Attachment,
 	if !validEnv.MatchString(env) {
 		return Attachment{}, fmt.Errorf("vault: invalid environment variable name %q", env)
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.secrets[name] == nil {
-		return Attachment{}, fmt.Errorf("vault: no secret %q", name)
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	cur := v.cur.Load()
+	if cur.secrets[name] == nil {
+		return Attachment{}, noSecret(name)
 	}
-	list := slices.Clone(v.attach[agent])
+	list := slices.Clone(cur.attach[agent])
 	i := slices.IndexFunc(list, func(a Attachment) bool { return a.Secret == name })
 	switch {
 	case placeholder != "":
@@ -291,9 +324,9 @@ func (v *Vault) setAttachment(agent, name, env, placeholder string) (Attachment,
 		list = append(list, a)
 	}
 	sortAttachments(list)
-	attach := mapsAttach(v.attach)
+	attach := mapsAttach(cur.attach)
 	attach[agent] = list
-	if err := v.commit(v.key, v.secrets, attach); err != nil {
+	if err := v.commit(&state{key: cur.key, secrets: cur.secrets, attach: attach}); err != nil {
 		return Attachment{}, err
 	}
 	return a, nil
@@ -301,22 +334,21 @@ func (v *Vault) setAttachment(agent, name, env, placeholder string) (Attachment,
 
 // Detach ends an agent's use of a secret; its placeholder stops working.
 func (v *Vault) Detach(agent, name string) error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	list := slices.DeleteFunc(slices.Clone(v.attach[agent]), func(a Attachment) bool { return a.Secret == name })
-	if len(list) == len(v.attach[agent]) {
-		return fmt.Errorf("vault: secret %q is not attached to %q", name, agent)
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	cur := v.cur.Load()
+	list := slices.DeleteFunc(slices.Clone(cur.attach[agent]), func(a Attachment) bool { return a.Secret == name })
+	if len(list) == len(cur.attach[agent]) {
+		return notFound(fmt.Sprintf("secret %q is not attached to %q", name, agent))
 	}
-	attach := mapsAttach(v.attach)
+	attach := mapsAttach(cur.attach)
 	attach[agent] = list
-	return v.commit(v.key, v.secrets, attach)
+	return v.commit(&state{key: cur.key, secrets: cur.secrets, attach: attach})
 }
 
 // Attachments lists an agent's attachments, sorted by secret name.
 func (v *Vault) Attachments(agent string) []Attachment {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	return slices.Clone(v.attach[agent])
+	return slices.Clone(v.cur.Load().attach[agent])
 }
 
 func (v *Vault) newPlaceholder() string {
@@ -329,8 +361,10 @@ func (v *Vault) newPlaceholder() string {
 	return prefix + "-placeholder-" + hex.EncodeToString(b)
 }
 
-// commit stores the new state and, once stored, makes it current.
-func (v *Vault) commit(key []byte, secrets map[string]*secretEntry, attach map[string][]Attachment) error {
+// commit stores the new state and, once stored, makes it current; the
+// caller holds writeMu.
+func (v *Vault) commit(next *state) error {
+	key, secrets, attach := next.key, next.secrets, next.attach
 	d := &document{Secrets: []storedSecret{}, Attachments: []storedAttached{}}
 	names := make([]string, 0, len(secrets))
 	for n := range secrets {
@@ -357,7 +391,7 @@ func (v *Vault) commit(key []byte, secrets map[string]*secretEntry, attach map[s
 	if err := v.store.Save(data); err != nil {
 		return err
 	}
-	v.key, v.secrets, v.attach = key, secrets, attach
+	v.cur.Store(next)
 	return nil
 }
 

@@ -216,7 +216,7 @@ func (s *server) attachSecret(w http.ResponseWriter, r *http.Request) {
 	}
 	a, err := s.vault.Attach(name, req.Secret, req.Env)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err)
+		writeError(w, vaultStatus(err), err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"agent": a.Agent, "secret": a.Secret, "env": a.Env})
@@ -224,7 +224,7 @@ func (s *server) attachSecret(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) detachSecret(w http.ResponseWriter, r *http.Request) {
 	if err := s.vault.Detach(r.PathValue("name"), r.PathValue("secret")); err != nil {
-		writeError(w, http.StatusNotFound, err)
+		writeError(w, vaultStatus(err), err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -269,10 +269,19 @@ func (s *server) putSecret(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	if err := s.vault.Delete(r.PathValue("name")); err != nil {
-		writeError(w, http.StatusNotFound, err)
+		writeError(w, vaultStatus(err), err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// vaultStatus is the HTTP status of a vault error: 404 for what does not
+// exist, 400 for the rest (a bad name, rule or value).
+func vaultStatus(err error) int {
+	if errors.Is(err, vault.ErrNotFound) {
+		return http.StatusNotFound
+	}
+	return http.StatusBadRequest
 }
 
 func (s *server) listPresets(w http.ResponseWriter, _ *http.Request) {
