@@ -20,11 +20,6 @@ import (
 	"github.com/agenthold/egress/policy"
 )
 
-// AgentFunc identifies the agent behind a query's source address and
-// returns its current policy. ok false means the source is unknown, and the
-// query is refused.
-type AgentFunc func(src netip.Addr) (agent string, p *policy.Policy, ok bool)
-
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("dnsfilter: server closed")
 
@@ -46,8 +41,9 @@ const (
 // (it knows no agent); set Agents to serve. A Server is safe for
 // concurrent use; set its fields before serving.
 type Server struct {
-	// Agents identifies the agent behind a source address; nil refuses all.
-	Agents AgentFunc
+	// Agents identifies the agent behind a query's source address; nil,
+	// or an unknown source, is refused.
+	Agents policy.AgentFunc
 	// Upstreams are the resolvers allowed names go to, as "host:port",
 	// tried in order; nil means the name servers of /etc/resolv.conf.
 	Upstreams []string

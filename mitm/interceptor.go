@@ -262,11 +262,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			i.Log.Record(rec)
 		}
 	}()
-	canon, err := policy.NormalizeName(host)
-	if err != nil {
-		canon = host // an address: judged as one below
+	d := info.pol.Decide(host, info.port)
+	canon := d.Name
+	if d.Addr.IsValid() {
+		canon = d.Addr.String()
 	}
-	d := info.pol.Decide(canon, info.port)
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
 	if !d.Allowed {
 		http.Error(cw, "egress denied: "+d.Reason, http.StatusForbidden)

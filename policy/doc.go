@@ -6,11 +6,15 @@
 // never the apex) by walking the name's suffixes, and address prefixes in
 // a table searched in logarithmic time, so the cost of a decision does not
 // grow with the number of rules, and deciding allocates nothing. Names are
-// normalised once (lower case, no trailing dot, IDNA A-labels); a host that
-// is an IP literal in any spelling is judged as the address it is.
+// normalised once (lower case, no trailing dot, IDNA A-labels), as secret
+// rules normalise them; a host that is an IP literal in any spelling is
+// judged as the address it is. An entry written as a URL is an error that
+// says entries are host[:port].
 //
-// The modes are Open (any public destination), Allowlist and DenyAll; the
-// zero Decision, the zero Mode and a nil *Policy all deny. Report mode
+// The modes are Allowlist (the zero Mode, as in a file without one), Open
+// (any public destination) and DenyAll. The zero Config, the zero Decision
+// and a nil *Policy all deny. A Decision names the canonical name or the
+// address it judged, which is what the caller must dial. Report mode
 // decides as enforcement would but allows, marking what it would deny.
 //
 // A policy file is fail-closed at every step ([Load], [Watch]): absent,

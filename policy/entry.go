@@ -7,8 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/net/publicsuffix"
-
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/netguard"
 )
 
@@ -91,6 +90,9 @@ func parseEntryText(s string) (entry, error) {
 	if s == "" {
 		return entry{}, errors.New("empty entry")
 	}
+	if looksLikeURL(s) {
+		return entry{}, errors.New("entries are host[:port] (github.com, *.npmjs.org:443), not URLs: drop the scheme, user and path")
+	}
 	host, portText, err := splitEntry(s)
 	if err != nil {
 		return entry{}, err
@@ -115,14 +117,11 @@ func parseEntryText(s string) (entry, error) {
 		}
 		return entry{kind: kindPrefix, prefix: p, rule: rule{ports: ports}}, nil
 	case strings.HasPrefix(host, "*."):
-		suffix, err := NormalizeName(host[2:])
+		pat, err := hostname.ParsePattern(host)
 		if err != nil {
-			return entry{}, fmt.Errorf("invalid wildcard: %v", unprefixed(err))
+			return entry{}, err
 		}
-		if ps, icann := publicsuffix.PublicSuffix(suffix); icann && ps == suffix {
-			return entry{}, fmt.Errorf("wildcard over the public suffix %q would match every domain under it", suffix)
-		}
-		return entry{kind: kindWildcard, name: suffix, rule: rule{ports: ports}}, nil
+		return entry{kind: kindWildcard, name: pat.Name, rule: rule{ports: ports}}, nil
 	case strings.Contains(host, "*"):
 		return entry{}, errors.New(`"*" may only be the whole host or a leading "*." label`)
 	}
@@ -137,6 +136,21 @@ func parseEntryText(s string) (entry, error) {
 		return entry{}, unprefixed(err)
 	}
 	return entry{kind: kindName, name: name, rule: rule{ports: ports}}, nil
+}
+
+// looksLikeURL reports whether an entry was written as a URL: a scheme,
+// user information, or a path after a name (a prefix's "/" follows an
+// address, never a name).
+func looksLikeURL(s string) bool {
+	if strings.Contains(s, "://") || strings.Contains(s, "@") {
+		return true
+	}
+	host, _, hasSlash := strings.Cut(s, "/")
+	if !hasSlash {
+		return false
+	}
+	_, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err != nil
 }
 
 // splitEntry splits an entry into host and port text ("" when absent).

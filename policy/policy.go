@@ -6,17 +6,20 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/netguard"
 )
 
-// Mode is how a policy treats destinations. The zero Mode denies all.
+// Mode is how a policy treats destinations. The zero Mode is Allowlist,
+// as in a policy file without a mode: with no allow entry, it allows
+// nothing.
 type Mode uint8
 
 const (
-	// DenyAll denies every destination.
-	DenyAll Mode = iota
 	// Allowlist allows only what an allow entry names.
-	Allowlist
+	Allowlist Mode = iota
+	// DenyAll denies every destination, whatever the entries say.
+	DenyAll
 	// Open allows every public destination on every port.
 	Open
 )
@@ -43,12 +46,13 @@ func ParseMode(s string) (Mode, error) {
 	case "deny", "deny-all":
 		return DenyAll, nil
 	}
-	return DenyAll, fmt.Errorf("policy: unknown mode %q (want open, allowlist or deny)", s)
+	return DenyAll, fmt.Errorf("policy: unknown mode %q (want open, allowlist or deny)", s) // an error path that denies
 }
 
-// Config is a policy before compilation.
+// Config is a policy before compilation. The zero Config is an allowlist
+// with no entry: it allows nothing.
 type Config struct {
-	Mode  Mode
+	Mode  Mode // zero means Allowlist
 	Allow []string // allow entries; see New for the forms
 	// AllowPrivateNetworks lets destinations in the private tier (RFC 1918,
 	// unique local IPv6, CGNAT) be dialled. It never lifts the never tier.
@@ -80,7 +84,19 @@ type Decision struct {
 	Report bool
 	Rule   string // the allow entry that matched, as written, or ""
 	Reason string
+	// Name is the canonical name that was judged, or Addr the address
+	// (IPv4-mapped addresses unmapped): what the caller must resolve or
+	// dial, so that it reaches exactly what was judged. Both are empty
+	// for a host that is neither.
+	Name string
+	Addr netip.Addr
 }
+
+// AgentFunc identifies the agent behind a source address and returns its
+// current policy; ok false means the source is unknown, which every
+// caller refuses. dnsfilter and tproxy take one to know whose policy
+// judges a query or a connection.
+type AgentFunc func(src netip.Addr) (agent string, p *Policy, ok bool)
 
 // Policy is a compiled, immutable policy, safe for concurrent use. A nil
 // *Policy denies everything.
@@ -191,12 +207,9 @@ func (p *Policy) DenyReason() string {
 // neither a valid name nor an address is denied. It does not classify
 // addresses: the dial through netguard does that.
 func (p *Policy) Decide(host string, port uint16) Decision {
-	if d, done := p.modeDecision(); done {
-		return d
-	}
 	a, err := netguard.ParseLiteral(host)
 	if err == nil {
-		return p.decideAddr(a, port)
+		return p.DecideAddr(a, port)
 	}
 	// An invalid host is denied even in report mode: nothing could dial it.
 	if !errors.Is(err, netguard.ErrNotLiteral) {
@@ -209,16 +222,23 @@ func (p *Policy) Decide(host string, port uint16) Decision {
 // entry matches it on any port (DNS carries no port; the connection is
 // judged with its port later). An IP literal is not a name, and is denied.
 func (p *Policy) DecideName(host string) Decision {
-	if d, done := p.modeDecision(); done {
-		return d
-	}
 	return p.decideName(host, 0, true)
 }
 
+// decideName normalises and judges a name, and says which name it judged.
 func (p *Policy) decideName(host string, port uint16, anyPort bool) Decision {
-	name, err := NormalizeName(host)
+	name, err := hostname.Normalize(host)
 	if err != nil {
 		return Decision{Reason: ReasonInvalidHost}
+	}
+	d := p.judgeName(name, port, anyPort)
+	d.Name = name
+	return d
+}
+
+func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
+	if d, done := p.modeDecision(); done {
+		return d
 	}
 	if p.mode == Open {
 		return Decision{Allowed: true, Reason: ReasonOpen}
@@ -227,16 +247,16 @@ func (p *Policy) decideName(host string, port uint16, anyPort bool) Decision {
 	if d, ok := m.match(p.exact[name]); ok {
 		return d
 	}
-	for i := strings.IndexByte(name, '.'); i >= 0; {
-		suffix := name[i+1:]
-		if d, ok := m.match(p.wildcard[suffix]); ok {
-			return d
+	var found Decision
+	hostname.Suffixes(name, func(suffix string) bool {
+		d, ok := m.match(p.wildcard[suffix])
+		if ok {
+			found = d
 		}
-		j := strings.IndexByte(suffix, '.')
-		if j < 0 {
-			break
-		}
-		i += 1 + j
+		return !ok
+	})
+	if found.Allowed {
+		return found
 	}
 	if d, ok := m.match(p.any); ok {
 		return d
@@ -247,21 +267,24 @@ func (p *Policy) decideName(host string, port uint16, anyPort bool) Decision {
 // DecideAddr answers whether an address may be reached on port, by the
 // address and prefix entries and "*".
 func (p *Policy) DecideAddr(a netip.Addr, port uint16) Decision {
-	if d, done := p.modeDecision(); done {
-		return d
-	}
-	return p.decideAddr(a, port)
-}
-
-func (p *Policy) decideAddr(a netip.Addr, port uint16) Decision {
 	if !a.IsValid() {
 		return Decision{Reason: ReasonInvalidHost}
+	}
+	a = a.WithZone("").Unmap()
+	d := p.judgeAddr(a, port)
+	d.Addr = a
+	return d
+}
+
+func (p *Policy) judgeAddr(a netip.Addr, port uint16) Decision {
+	if d, done := p.modeDecision(); done {
+		return d
 	}
 	if p.mode == Open {
 		return Decision{Allowed: true, Reason: ReasonOpen}
 	}
 	m := matcher{port: port, miss: Decision{Reason: ReasonNoRule}}
-	rules, _ := p.prefixes.Lookup(a.WithZone("").Unmap())
+	rules, _ := p.prefixes.Lookup(a)
 	if d, ok := m.match(rules); ok {
 		return d
 	}

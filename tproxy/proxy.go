@@ -18,11 +18,6 @@ import (
 	"github.com/agenthold/egress/policy"
 )
 
-// AgentFunc identifies the agent behind a connection's source address and
-// returns its current policy; ok false means the source is unknown, and the
-// connection is dropped.
-type AgentFunc func(src netip.Addr) (agent string, p *policy.Policy, ok bool)
-
 // NamesFunc returns the names an agent resolved to an address through the
 // gateway's DNS (dnsfilter.Server.Names), for TCP that is neither TLS nor
 // HTTP.
@@ -54,8 +49,9 @@ const (
 // drops every connection (it knows no agent); set Agents to serve. Set the
 // fields before serving; a Proxy is safe for concurrent use.
 type Proxy struct {
-	// Agents identifies the agent behind a source address; nil drops all.
-	Agents AgentFunc
+	// Agents identifies the agent behind a connection's source address;
+	// nil, or an unknown source, drops the connection.
+	Agents policy.AgentFunc
 	// Names returns what an agent resolved to an address; nil means no
 	// names, so TCP that is neither TLS nor HTTP is judged by address only.
 	Names NamesFunc

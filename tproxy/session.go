@@ -57,24 +57,17 @@ func (t target) label() string {
 	return t.addr.String()
 }
 
-// decideName judges a name on port; an invalid name is denied.
+// decideName judges a name (or an address in any spelling) on port; an
+// invalid host is denied. The target is what the policy judged.
 func decideName(pol *policy.Policy, name string, port uint16) (target, policy.Decision) {
-	if a, err := netguard.ParseLiteral(name); err == nil {
-		return decideAddr(pol, a, port)
-	}
-	canon, err := policy.NormalizeName(name)
-	if err != nil {
-		return target{}, policy.Decision{Reason: policy.ReasonInvalidHost}
-	}
-	d := pol.Decide(canon, port)
-	return target{host: canon, port: port, decision: d}, d
+	d := pol.Decide(name, port)
+	return target{host: d.Name, addr: d.Addr, port: port, decision: d}, d
 }
 
 // decideAddr judges an address on port, by address rules and open mode.
 func decideAddr(pol *policy.Policy, a netip.Addr, port uint16) (target, policy.Decision) {
-	a = a.Unmap()
 	d := pol.DecideAddr(a, port)
-	return target{addr: a, port: port, decision: d}, d
+	return target{addr: d.Addr, port: port, decision: d}, d
 }
 
 // decide judges a connection named host (may be "") to dst: by the name

@@ -10,7 +10,8 @@ import (
 	"text/template"
 
 	"golang.org/x/net/http/httpguts"
-	"golang.org/x/net/idna"
+
+	"github.com/agenthold/egress/internal/hostname"
 )
 
 // Mode is how a rule puts a secret into requests.
@@ -52,9 +53,8 @@ type Rule struct {
 // compiledRule is a checked rule, ready to match and render.
 type compiledRule struct {
 	Rule
-	exact    map[string]bool
-	suffixes []string // ".example.com" for "*.example.com"
-	tmpl     *template.Template
+	hosts []hostname.Pattern
+	tmpl  *template.Template
 	// simple is set for templates of the form "prefix{{.Value}}suffix",
 	// which render without text/template.
 	simple         bool
@@ -85,18 +85,13 @@ func (r Rule) compile() (*compiledRule, error) {
 	if !httpguts.ValidHeaderFieldName(r.Header) {
 		return nil, fmt.Errorf("vault: invalid header name %q", r.Header)
 	}
-	c := &compiledRule{Rule: r, exact: map[string]bool{}}
+	c := &compiledRule{Rule: r}
 	for _, h := range r.Hosts {
-		wild := strings.HasPrefix(h, "*.")
-		name, err := normalizeHost(strings.TrimPrefix(h, "*."))
-		if err != nil || strings.Contains(name, "*") || !strings.Contains(name, ".") && wild {
-			return nil, fmt.Errorf("vault: invalid host %q", h)
+		pat, err := parseRuleHost(h)
+		if err != nil {
+			return nil, err
 		}
-		if wild {
-			c.suffixes = append(c.suffixes, "."+name)
-		} else {
-			c.exact[name] = true
-		}
+		c.hosts = append(c.hosts, pat)
 	}
 	for _, p := range r.Paths {
 		if !plainPath(p) {
@@ -142,13 +137,27 @@ func (c *compiledRule) render(value string) (string, error) {
 	return out, nil
 }
 
+// parseRuleHost parses one of a rule's hosts: a name or "*.name", as a
+// policy's entries name hosts, without a port (a rule applies to every
+// port of its hosts).
+func parseRuleHost(h string) (hostname.Pattern, error) {
+	if strings.Contains(h, "://") || strings.ContainsAny(h, "/@") {
+		return hostname.Pattern{}, fmt.Errorf("vault: host %q: hosts are names, not URLs (api.example.com, *.example.com)", h)
+	}
+	if strings.Contains(h, ":") {
+		return hostname.Pattern{}, fmt.Errorf("vault: host %q: hosts take no port (a rule applies to every port of its hosts)", h)
+	}
+	pat, err := hostname.ParsePattern(h)
+	if err != nil {
+		return hostname.Pattern{}, fmt.Errorf("vault: host %q: %v", h, err)
+	}
+	return pat, nil
+}
+
 // coversHost reports whether the rule names host (normalised).
 func (c *compiledRule) coversHost(h string) bool {
-	if c.exact[h] {
-		return true
-	}
-	for _, s := range c.suffixes {
-		if strings.HasSuffix(h, s) {
+	for _, p := range c.hosts {
+		if p.Matches(h) {
 			return true
 		}
 	}
@@ -201,22 +210,17 @@ func pathHasPrefix(path, prefix string) bool {
 	return len(path) == len(prefix) || strings.HasSuffix(prefix, "/") || path[len(prefix)] == '/'
 }
 
-// hostProfile maps names as policy does (UTS #46 lookup mapping, bidi
-// rule, underscores kept), so that rules and policies agree on hosts.
-var hostProfile = idna.New(idna.MapForLookup(), idna.BidiRule(), idna.Transitional(false), idna.StrictDomainName(false))
-
-// normalizeHost puts a host name in the form policy compares: lower case,
-// no port, no trailing dot, A-labels.
+// normalizeHost puts a request's host in the form rules compare: no port,
+// and canonical as policy makes names.
 func normalizeHost(h string) (string, error) {
 	if host, _, err := net.SplitHostPort(h); err == nil {
 		h = host
 	}
-	h = strings.TrimSuffix(h, ".")
-	a, err := hostProfile.ToASCII(h)
-	if err != nil || a == "" || strings.ContainsAny(a, " /:@[]") {
-		return "", fmt.Errorf("vault: invalid host %q", h)
+	n, err := hostname.Normalize(h)
+	if err != nil {
+		return "", fmt.Errorf("vault: %w", err)
 	}
-	return strings.ToLower(a), nil
+	return n, nil
 }
 
 // hostOf returns a request's host (Host header, else URL).
