@@ -17,12 +17,14 @@ var allowedDeps = map[string][]string{
 	"vault":     {module + "/internal/hostname"},
 	"policy":    {module + "/netguard", module + "/internal/hostname", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
 	// Shared plumbing: what two building blocks need, with one owner.
-	"internal/hostname": nil,
-	"dnsfilter":         {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
-	"tproxy":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter"},
+	"internal/hostname":  nil,
+	"internal/httpmeter": nil,
+	"internal/httpfwd":   {module + "/netguard"},
+	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
+	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.
 	"tproxy/nftrules": {"github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
-	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter"},
+	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 }
 
 // TestDependencyGraph keeps the packages independent: each imports only

@@ -10,13 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -72,7 +72,7 @@ type Interceptor struct {
 	Timeout time.Duration
 
 	initOnce   sync.Once
-	transports [2]*http.Transport // [allowPrivate]
+	transports *httpfwd.Transports
 	proxy      *httputil.ReverseProxy
 }
 
@@ -90,20 +90,9 @@ func (i *Interceptor) timeout() time.Duration {
 
 func (i *Interceptor) init() {
 	i.initOnce.Do(func() {
-		for n, allowPrivate := range []bool{false, true} {
-			i.transports[n] = &http.Transport{
-				Proxy: nil, // never an environment proxy
-				DialContext: (&netguard.Dialer{
-					Guard: i.Guard, AllowPrivate: allowPrivate, Resolver: i.Resolver, Timeout: i.timeout(),
-				}).DialContext,
-				TLSClientConfig:     &tls.Config{RootCAs: i.RootCAs},
-				TLSHandshakeTimeout: i.timeout(),
-				ForceAttemptHTTP2:   false,
-				MaxIdleConnsPerHost: 64,
-				IdleConnTimeout:     90 * time.Second,
-				DisableCompression:  true,
-			}
-		}
+		i.transports = httpfwd.NewTransports(httpfwd.Config{
+			Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, MaxIdleConnsPerHost: 64,
+		})
 		i.proxy = &httputil.ReverseProxy{
 			Rewrite:   i.rewrite,
 			Transport: roundTripper{i},
@@ -117,14 +106,12 @@ func (i *Interceptor) init() {
 	})
 }
 
-// Close drops pooled upstream connections.
-func (i *Interceptor) Close() error {
-	for _, t := range i.transports {
-		if t != nil {
-			t.CloseIdleConnections()
-		}
+// CloseIdleConnections drops the kept-alive upstream connections.
+// Connections in use are not affected.
+func (i *Interceptor) CloseIdleConnections() {
+	if i.transports != nil {
+		i.transports.CloseIdleConnections()
 	}
-	return nil
 }
 
 // connInfo is what Intercept knows of a connection, for each request.
@@ -253,7 +240,7 @@ func stateOf(ctx context.Context) *reqState {
 func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
-	host := hostOnly(r.Host)
+	host := httpfwd.HostOnly(r.Host)
 	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path}
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	defer func() {
@@ -316,11 +303,7 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	if st.injectErr != nil {
 		return nil, errInjectFailed
 	}
-	n := 0
-	if st.allowPrivate {
-		n = 1
-	}
-	return rt.i.transports[n].RoundTrip(r)
+	return rt.i.transports.For(st.allowPrivate).RoundTrip(r)
 }
 
 var errInjectFailed = errors.New(ReasonInjectFailed)
@@ -329,33 +312,14 @@ var errInjectFailed = errors.New(ReasonInjectFailed)
 // includes the request URL (whose query may carry an injected secret).
 func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	st := stateOf(r.Context())
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	why := err.Error()
-	var cv *tls.CertificateVerificationError
-	var hn x509.HostnameError
-	var ua x509.UnknownAuthorityError
-	switch {
-	case errors.As(err, &cv), errors.As(err, &hn), errors.As(err, &ua):
-		why = "upstream certificate rejected: " + why
-	case errors.Is(err, netguard.ErrDenied):
-		st.refused = true
-	}
-	st.upstreamErr = why
 	if errors.Is(err, errInjectFailed) {
+		st.upstreamErr = ReasonInjectFailed
 		http.Error(w, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
 		return
 	}
-	http.Error(w, "egress: upstream "+st.host+": "+why, http.StatusBadGateway)
-}
-
-func hostOnly(hostport string) string {
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		return h
-	}
-	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
+	f := httpfwd.Describe(err)
+	st.upstreamErr, st.refused = f.Why, f.Refused
+	http.Error(w, "egress: upstream "+st.host+": "+f.Why, http.StatusBadGateway)
 }
 
 // oneConnListener hands one connection to an http.Server.

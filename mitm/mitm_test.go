@@ -132,7 +132,7 @@ func newRig(t testing.TB) *rig {
 		RootCAs:  rootPool(r.upRoot),
 		Log:      r.log,
 	}
-	t.Cleanup(func() { r.ic.Close() })
+	t.Cleanup(func() { r.ic.CloseIdleConnections() })
 	r.addr = r.serveIntercepted("api.test")
 	return r
 }
@@ -491,7 +491,7 @@ func TestSecretNeverLeaks(t *testing.T) {
 	answers = append(answers, body)
 	// An upstream failure after injection: the URL (with the secret in
 	// its query) must not appear in the error.
-	r.ic.Close() // no pooled connection to the old address
+	r.ic.CloseIdleConnections() // no pooled connection to the old address
 	r.ic.Resolver.(testkit.Resolver)["api.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.4")}
 	resp, body := r.get(c, "https://api.test/fail?key="+r.ph, nil)
 	answers = append(answers, body)
@@ -499,7 +499,7 @@ func TestSecretNeverLeaks(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	// Refused by netguard.
-	r.ic.Close()
+	r.ic.CloseIdleConnections()
 	r.ic.Resolver.(testkit.Resolver)["api.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
 	_, body = r.get(c, "https://api.test/meta?key="+r.ph, nil)
 	answers = append(answers, body)

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/agenthold/egress/internal/httpfwd"
 )
 
 // TokenStore is what RefreshExchange needs of the vault (vault.Vault
@@ -44,7 +46,7 @@ type RefreshExchange struct {
 // Hook returns the Hook that answers the grant.
 func (x *RefreshExchange) Hook() Hook {
 	return func(w http.ResponseWriter, r *http.Request, agent string) bool {
-		if r.Method != http.MethodPost || !strings.EqualFold(hostOnly(r.Host), hostOnly(x.Host)) || r.URL.Path != x.Path {
+		if r.Method != http.MethodPost || !strings.EqualFold(httpfwd.HostOnly(r.Host), httpfwd.HostOnly(x.Host)) || r.URL.Path != x.Path {
 			return false
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxTokenBody+1))
@@ -161,9 +163,5 @@ func (x *RefreshExchange) keepTokens(agent string, body []byte, refreshPH string
 // talk upstream themselves.
 func (i *Interceptor) Client(allowPrivate bool) *http.Client {
 	i.init()
-	n := 0
-	if allowPrivate {
-		n = 1
-	}
-	return &http.Client{Transport: i.transports[n], CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &http.Client{Transport: i.transports.For(allowPrivate), CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }

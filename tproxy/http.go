@@ -2,7 +2,6 @@ package tproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
 	"github.com/agenthold/egress/netguard"
 )
@@ -53,20 +53,9 @@ func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 }
 
 func (p *Proxy) startHTTP() {
-	for i, allowPrivate := range []bool{false, true} {
-		p.transports[i] = &http.Transport{
-			Proxy: nil, // never an environment proxy
-			DialContext: (&netguard.Dialer{
-				Guard:        p.Guard,
-				AllowPrivate: allowPrivate,
-				Resolver:     p.Resolver,
-				Timeout:      orDefault(p.DialTimeout, DefaultDialTimeout),
-			}).DialContext,
-			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     90 * time.Second,
-			DisableCompression:  true,
-		}
-	}
+	p.transports = httpfwd.NewTransports(httpfwd.Config{
+		Guard: p.Guard, Resolver: p.Resolver, DialTimeout: orDefault(p.DialTimeout, DefaultDialTimeout),
+	})
 	p.httpConns = newConnQueue()
 	p.httpSrv = p.newHTTPServer(http.HandlerFunc(p.serveHTTP), func(ctx context.Context, c net.Conn) context.Context {
 		if hc, ok := c.(*httpConn); ok {
@@ -105,7 +94,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Agent = agent
-	host, dst := hostOnly(r.Host), f.dst
+	host, dst := httpfwd.HostOnly(r.Host), f.dst
 	if f.explicit {
 		if r.URL.Scheme != "http" || r.URL.Host == "" {
 			refuse(http.StatusBadRequest, "the explicit proxy takes CONNECT or absolute http:// URLs")
@@ -137,17 +126,16 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			pr.Out.URL.Host = t.dialAddress()
 			pr.Out.Host = r.Host
 		},
-		Transport: p.transports[boolIndex(pol.AllowPrivateNetworks())],
+		Transport: p.transports.For(pol.AllowPrivateNetworks()),
 		// Zero: streams (server-sent events, unknown length) are flushed on
 		// every write; fixed-length bodies are buffered.
 		FlushInterval: 0,
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			rec.Reason = reasonUpstreamPrefix + err.Error()
-			if errors.Is(err, netguard.ErrDenied) {
-				rec.Allowed = false
-			}
-			http.Error(w, "egress: upstream "+t.label()+": "+err.Error(), http.StatusBadGateway)
+			f := httpfwd.Describe(err)
+			rec.Reason = reasonUpstreamPrefix + f.Why
+			rec.Allowed = !f.Refused
+			http.Error(w, "egress: upstream "+t.label()+": "+f.Why, http.StatusBadGateway)
 		},
 	}
 	rp.ServeHTTP(cw, r)
@@ -155,24 +143,6 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.BytesUp, rec.Bytes = body.Bytes(), cw.Bytes
 	rec.Duration = time.Since(start)
 	p.record(rec)
-}
-
-func boolIndex(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// hostOnly strips a port from a Host header value.
-func hostOnly(hostport string) string {
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		return h
-	}
-	if len(hostport) > 1 && hostport[0] == '[' && hostport[len(hostport)-1] == ']' {
-		return hostport[1 : len(hostport)-1]
-	}
-	return hostport
 }
 
 func urlPort(s string) (uint16, error) {

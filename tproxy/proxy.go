@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -99,7 +100,7 @@ type Proxy struct {
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
 	httpConns     *connQueue
-	transports    [2]*http.Transport // [allowPrivate]
+	transports    *httpfwd.Transports
 	explicitSrvs  []*http.Server
 	sessionsWG    sync.WaitGroup
 	mu            sync.Mutex

@@ -424,7 +424,7 @@ func (s *server) stop(ctx context.Context) {
 		s.dns.Shutdown(ctx)
 	}
 	if s.ic != nil {
-		s.ic.Close()
+		s.ic.CloseIdleConnections()
 	}
 	if s.agents != nil {
 		for _, a := range s.agents.list() {

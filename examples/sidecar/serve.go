@@ -247,7 +247,7 @@ func (sc *sidecar) stop(ctx context.Context) {
 		sc.dns.Shutdown(ctx)
 	}
 	if sc.ic != nil {
-		sc.ic.Close()
+		sc.ic.CloseIdleConnections()
 	}
 	if sc.watch != nil {
 		sc.watch.Close()

@@ -1,0 +1,141 @@
+// Package httpfwd is the HTTP forwarding that tproxy (plain HTTP) and mitm
+// (intercepted HTTPS) share: the upstream transports, which dial through
+// netguard, one per private-network permission; the description of an
+// upstream failure, which never repeats the request's URL; and the host of
+// a Host header.
+package httpfwd
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/agenthold/egress/netguard"
+)
+
+// Defaults for a Config's zero fields.
+const (
+	DefaultDialTimeout           = 10 * time.Second
+	DefaultResponseHeaderTimeout = 60 * time.Second
+	DefaultIdleConnTimeout       = 90 * time.Second
+	DefaultMaxIdleConnsPerHost   = 16
+)
+
+// Config configures the upstream transports.
+type Config struct {
+	Guard    *netguard.Guard   // nil: netguard's built-in classification
+	Resolver netguard.Resolver // nil: net.DefaultResolver
+	// DialTimeout bounds a dial and a TLS handshake; zero means
+	// DefaultDialTimeout.
+	DialTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for a response's head once
+	// the request is sent; zero means DefaultResponseHeaderTimeout.
+	ResponseHeaderTimeout time.Duration
+	// RootCAs verify upstream TLS; nil means the system roots.
+	RootCAs *x509.CertPool
+	// MaxIdleConnsPerHost bounds the kept-alive connections per host;
+	// zero means DefaultMaxIdleConnsPerHost.
+	MaxIdleConnsPerHost int
+	// HTTP2 lets upstream TLS connections speak HTTP/2 when the server
+	// offers it.
+	HTTP2 bool
+}
+
+// Transports are the upstream transports of one proxy: index 1 may dial
+// private networks, index 0 may not. Neither ever uses an environment
+// proxy, and neither decompresses (bodies pass as the server sent them).
+type Transports [2]*http.Transport
+
+// NewTransports makes the pair.
+func NewTransports(cfg Config) *Transports {
+	var ts Transports
+	for i, allowPrivate := range []bool{false, true} {
+		dial := orDefault(cfg.DialTimeout, DefaultDialTimeout)
+		ts[i] = &http.Transport{
+			Proxy: nil, // never an environment proxy
+			DialContext: (&netguard.Dialer{
+				Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial,
+			}).DialContext,
+			TLSClientConfig:       &tls.Config{RootCAs: cfg.RootCAs},
+			TLSHandshakeTimeout:   dial,
+			ResponseHeaderTimeout: orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout),
+			ExpectContinueTimeout: time.Second,
+			ForceAttemptHTTP2:     cfg.HTTP2,
+			MaxIdleConnsPerHost:   int(orDefault(time.Duration(cfg.MaxIdleConnsPerHost), DefaultMaxIdleConnsPerHost)),
+			IdleConnTimeout:       DefaultIdleConnTimeout,
+			DisableCompression:    true,
+		}
+	}
+	return &ts
+}
+
+// For returns the transport for a policy's private-network permission.
+func (ts *Transports) For(allowPrivate bool) *http.Transport {
+	if allowPrivate {
+		return ts[1]
+	}
+	return ts[0]
+}
+
+// CloseIdleConnections drops both transports' kept-alive connections.
+func (ts *Transports) CloseIdleConnections() {
+	for _, t := range ts {
+		t.CloseIdleConnections()
+	}
+}
+
+func orDefault(v, def time.Duration) time.Duration {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+// Failure is an upstream error as an answer and a record tell it.
+type Failure struct {
+	// Why describes the error without the request's URL, whose query may
+	// carry an injected secret.
+	Why string
+	// Refused is set when netguard refused the upstream address: a
+	// denial, not a network fault.
+	Refused bool
+	// Certificate is set when the upstream's certificate was rejected.
+	Certificate bool
+}
+
+// Describe turns an error of a round trip into a Failure.
+func Describe(err error) Failure {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // the URL is dropped here
+	}
+	f := Failure{Why: err.Error()}
+	var cv *tls.CertificateVerificationError
+	var hn x509.HostnameError
+	var ua x509.UnknownAuthorityError
+	switch {
+	case errors.As(err, &cv), errors.As(err, &hn), errors.As(err, &ua):
+		f.Certificate = true
+		f.Why = "upstream certificate rejected: " + f.Why
+	case errors.Is(err, netguard.ErrDenied):
+		f.Refused = true
+	}
+	return f
+}
+
+// HostOnly returns the host of a Host header value, without its port or
+// an IPv6 literal's brackets. A value that is neither host nor host:port
+// ("[::1" say) is returned as it is, to be judged invalid.
+func HostOnly(hostport string) string {
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		return h
+	}
+	if len(hostport) > 1 && hostport[0] == '[' && hostport[len(hostport)-1] == ']' {
+		return hostport[1 : len(hostport)-1]
+	}
+	return hostport
+}

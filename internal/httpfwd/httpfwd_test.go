@@ -1,0 +1,69 @@
+package httpfwd
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestHostOnly(t *testing.T) {
+	for in, want := range map[string]string{
+		"example.com":      "example.com",
+		"example.com:8080": "example.com",
+		"[::1]:443":        "::1",
+		"[::1]":            "::1",
+		"[::1":             "[::1", // malformed: left to be judged invalid
+		"::1]":             "::1]",
+		"":                 "",
+	} {
+		assert.Equal(t, want, HostOnly(in), in)
+	}
+}
+
+// TestDescribe keeps the URL (whose query may carry an injected secret)
+// out of every description, and tells refusals and certificate errors
+// apart from network faults.
+func TestDescribe(t *testing.T) {
+	const secret = "sk-live-never-in-an-error"
+	ts := NewTransports(Config{})
+	c := &http.Client{Transport: ts.For(false)}
+
+	_, err := c.Get("http://127.0.0.1:9/?key=" + secret)
+	require.Error(t, err)
+	f := Describe(err)
+	assert.NotContains(t, f.Why, secret)
+	assert.True(t, f.Refused, "loopback is refused by netguard: %s", f.Why)
+	assert.False(t, f.Certificate)
+
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	trusting := NewTransports(Config{HTTP2: true})
+	trusting.For(true).DialContext = nil // a plain dial: the test server is on loopback
+	trusting.For(true).TLSClientConfig = &tls.Config{}
+	req, _ := http.NewRequestWithContext(context.Background(), "GET", srv.URL+"/?key="+secret, nil)
+	_, err = trusting.For(true).RoundTrip(req)
+	require.Error(t, err)
+	f = Describe(err)
+	assert.True(t, f.Certificate, f.Why)
+	assert.True(t, strings.HasPrefix(f.Why, "upstream certificate rejected"), f.Why)
+	assert.NotContains(t, f.Why, secret)
+}
+
+// TestTransportsNeverUseAnEnvironmentProxy keeps HTTPS_PROXY in the
+// gateway's own environment from redirecting what it forwards.
+func TestTransportsNeverUseAnEnvironmentProxy(t *testing.T) {
+	t.Setenv("HTTP_PROXY", "http://198.18.0.1:3128")
+	t.Setenv("HTTPS_PROXY", "http://198.18.0.1:3128")
+	ts := NewTransports(Config{})
+	for _, tr := range ts {
+		assert.Nil(t, tr.Proxy)
+		assert.True(t, tr.DisableCompression)
+		assert.Equal(t, DefaultResponseHeaderTimeout, tr.ResponseHeaderTimeout)
+	}
+}
