@@ -17,11 +17,26 @@
 // hook), so a name that resolves to an allowed address at one moment and a
 // denied one the next (DNS rebinding) cannot slip through.
 //
-// Typical use:
+// A [Dialer] resolves the name itself, drops what the Guard refuses, asks
+// the caller's Check hook (a policy at dial time) about the rest, and
+// races the attempts as Happy Eyeballs does, each bounded by its own
+// timeout. [NewTransport] and [NewClient] put it under net/http, with no
+// environment proxy and bounded timeouts: the SSRF-safe client a service
+// uses for URLs others give it.
+//
+// Typical use (see the package's Examples):
+//
+//	client := netguard.NewClient(nil) // public destinations only
+//	resp, err := client.Get(webhookURL)
 //
 //	g, err := netguard.New(netguard.Config{Public: mirrors})
 //	d := &netguard.Dialer{Guard: g, AllowPrivate: pol.AllowPrivateNetworks()}
 //	conn, err := d.DialContext(ctx, "tcp", "api.github.com:443")
+//
+// A Guard's own addresses ([Guard.SetOwn], usually [LocalPrefixes]) are
+// never dialled: a gateway must not be a way to its own ports. A user who
+// declares loopback public for a test (Config.Public) still meets this
+// rule for the host's other addresses.
 //
 // [ParseLiteral] recognises hosts that are addresses in disguise
 // ("2130706433", "0x7f000001", "127.1"), so that callers never mistake one

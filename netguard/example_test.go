@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 
 	"github.com/agenthold/egress/netguard"
@@ -53,4 +55,65 @@ func ExampleGuard_Control() {
 	_, err = d.DialContext(context.Background(), "tcp", ln.Addr().String())
 	fmt.Println(errors.Is(err, netguard.ErrDenied))
 	// Output: true
+}
+
+// A client for URLs an untrusted party chose (a webhook): it reaches the
+// public internet only, whatever the URL's host says or resolves to, and
+// through redirects too.
+func ExampleNewClient() {
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello from an internal service")
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Close()
+	internal := "http://" + ln.Addr().String() + "/"
+
+	client := netguard.NewClient(nil) // the built-in classification: loopback is never reached
+	_, err = client.Get(internal)
+	fmt.Println("webhook to loopback refused:", errors.Is(err, netguard.ErrDenied))
+
+	// An operator may declare a prefix public (an internal mirror).
+	mirror, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	if err != nil {
+		panic(err)
+	}
+	resp, err := netguard.NewClient(&netguard.Dialer{Guard: mirror}).Get(internal)
+	if err != nil {
+		panic(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(string(body))
+	// Output:
+	// webhook to loopback refused: true
+	// hello from an internal service
+}
+
+// A caller's own policy at dial time: the Check hook sees the host as
+// named and every address the Guard permits.
+func ExampleDialer_check() {
+	allowed := map[string]bool{"api.example.com": true}
+	d := &netguard.Dialer{
+		Check: func(_ context.Context, host string, addr netip.AddrPort) error {
+			if !allowed[host] {
+				return fmt.Errorf("%s is not on the allowlist", host)
+			}
+			return nil
+		},
+		Resolver: staticResolver{"evil.example.com": {netip.MustParseAddr("93.184.216.34")}},
+	}
+	_, err := d.DialContext(context.Background(), "tcp", "evil.example.com:443")
+	fmt.Println(err)
+	// Output: netguard: dial evil.example.com: evil.example.com is not on the allowlist
+}
+
+// staticResolver answers from a table, standing in for DNS.
+type staticResolver map[string][]netip.Addr
+
+func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return r[host], nil
 }

@@ -21,7 +21,6 @@ import (
 const (
 	DefaultDialTimeout           = 10 * time.Second
 	DefaultResponseHeaderTimeout = 60 * time.Second
-	DefaultIdleConnTimeout       = 90 * time.Second
 	DefaultMaxIdleConnsPerHost   = 16
 )
 
@@ -55,20 +54,16 @@ func NewTransports(cfg Config) *Transports {
 	var ts Transports
 	for i, allowPrivate := range []bool{false, true} {
 		dial := orDefault(cfg.DialTimeout, DefaultDialTimeout)
-		ts[i] = &http.Transport{
-			Proxy: nil, // never an environment proxy
-			DialContext: (&netguard.Dialer{
-				Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial,
-			}).DialContext,
-			TLSClientConfig:       &tls.Config{RootCAs: cfg.RootCAs},
-			TLSHandshakeTimeout:   dial,
-			ResponseHeaderTimeout: orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout),
-			ExpectContinueTimeout: time.Second,
-			ForceAttemptHTTP2:     cfg.HTTP2,
-			MaxIdleConnsPerHost:   int(orDefault(time.Duration(cfg.MaxIdleConnsPerHost), DefaultMaxIdleConnsPerHost)),
-			IdleConnTimeout:       DefaultIdleConnTimeout,
-			DisableCompression:    true,
-		}
+		t := netguard.NewTransport(&netguard.Dialer{
+			Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial,
+		})
+		t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
+		t.TLSHandshakeTimeout = dial
+		t.ResponseHeaderTimeout = orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+		t.ForceAttemptHTTP2 = cfg.HTTP2
+		t.MaxIdleConnsPerHost = int(orDefault(time.Duration(cfg.MaxIdleConnsPerHost), DefaultMaxIdleConnsPerHost))
+		t.DisableCompression = true // bodies pass as the server sent them
+		ts[i] = t
 	}
 	return &ts
 }
