@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
 )
@@ -80,6 +83,22 @@ func TestThroughTProxy(t *testing.T) {
 	if got := r.upstreamHeader().Get("Authorization"); got != "Bearer "+r.ph {
 		t.Fatalf("a passed-through request was changed: %q", got)
 	}
+}
+
+// TestInheritsTheProxysGuardAndResolver: an Interceptor without a Guard
+// or a Resolver of its own dials with those of the proxy that hands it
+// connections, instead of the host's resolver and the built-in
+// classification (which would refuse this test's loopback upstream).
+func TestInheritsTheProxysGuardAndResolver(t *testing.T) {
+	r := newRig(t)
+	guard, resolver := r.ic.Guard, r.ic.Resolver
+	require.NotNil(t, guard)
+	require.NotNil(t, resolver)
+	addr := r.viaTProxy(t, true) // the proxy takes the rig's guard and resolver
+	r.ic.Guard, r.ic.Resolver = nil, nil // before the interceptor's first use
+	resp, body := r.get(r.clientFor(addr, false), "https://api.test/inherited", http.Header{"Authorization": {"Bearer " + r.ph}})
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "Bearer "+secretValue, r.upstreamHeader().Get("Authorization"))
 }
 
 func BenchmarkMintLeaf(b *testing.B) {

@@ -57,10 +57,12 @@ type Interceptor struct {
 	Injector Injector
 	// Hooks are asked, in order, to answer each request first.
 	Hooks []Hook
-	// Guard checks upstream addresses at dial time; nil means the built-in
+	// Guard checks upstream addresses at dial time; nil means the Guard
+	// of Intercept's context (tproxy passes its own), else the built-in
 	// classification.
 	Guard *netguard.Guard
-	// Resolver resolves upstream names on the gateway; nil means
+	// Resolver resolves upstream names on the gateway; nil means the
+	// Resolver of Intercept's context (tproxy passes its own), else
 	// net.DefaultResolver.
 	Resolver netguard.Resolver
 	// RootCAs verify upstream servers; nil means the system roots.

@@ -61,7 +61,9 @@ type Proxy struct {
 	Guard *netguard.Guard
 	// Resolver resolves names on the gateway; nil means net.DefaultResolver.
 	Resolver netguard.Resolver
-	// Interceptor, if set, takes over TLS to the hosts it claims.
+	// Interceptor, if set, takes over TLS to the hosts it claims. Its
+	// context carries the proxy's Guard and Resolver (netguard.WithGuard,
+	// WithResolver), which an interceptor without its own dials through.
 	Interceptor Interceptor
 	// Log receives one record per connection and per HTTP request.
 	Log *egresslog.Log

@@ -533,12 +533,24 @@ func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 func (s *session) intercept(t target, hello []byte) {
 	c := newPrefixConn(s.client, hello)
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, t.decision)
-	s.p.Interceptor.Intercept(s.ctx, c, s.agent, s.pol, t.host, t.port)
+	s.p.Interceptor.Intercept(s.p.dialContext(s.ctx), c, s.agent, s.pol, t.host, t.port)
 	c.Close()
 	r.Reason = ReasonIntercepted
 	r.BytesUp, r.Bytes = c.read.Load(), c.written.Load()
 	r.Duration = time.Since(s.start)
 	s.p.record(r)
+}
+
+// dialContext carries the proxy's Guard and Resolver, for the
+// Interceptor's dials when it has none of its own.
+func (p *Proxy) dialContext(ctx context.Context) context.Context {
+	if p.Guard != nil {
+		ctx = netguard.WithGuard(ctx, p.Guard)
+	}
+	if p.Resolver != nil {
+		ctx = netguard.WithResolver(ctx, p.Resolver)
+	}
+	return ctx
 }
 
 // dial connects to t through netguard, resolving names on the gateway.
