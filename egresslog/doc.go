@@ -15,7 +15,7 @@
 //
 //	sink, _ := egresslog.OpenJSONFile("/var/log/egress.jsonl")
 //	l := &egresslog.Log{Keep: 5000, Sinks: []egresslog.Sink{sink}}
-//	defer l.Close(ctx)
+//	defer l.Shutdown(ctx)
 //	l.Record(egresslog.Record{Agent: "a1", Kind: egresslog.KindTLS, Host: "api.github.com", Port: 443, Allowed: true, Reason: "allowed by rule"})
 //	recent := l.List(egresslog.Filter{Agent: "a1", DeniedOnly: true}, 100)
 //

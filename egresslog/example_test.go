@@ -20,7 +20,7 @@ func ExampleLog() {
 		fmt.Println("denied:", r.Host, "-", r.Reason)
 	}
 	fmt.Println("injected:", l.Stats()["a1"].Injected)
-	l.Close(context.Background())
+	l.Shutdown(context.Background())
 	// Output:
 	// {"seq":1,"time":"2026-11-29T08:00:00Z","agent":"a1","kind":"dns","host":"exfil.evil.example","method":"TXT","status":3,"allowed":false,"reason":"no allow entry matches the host"}
 	// {"seq":2,"time":"2026-11-29T08:00:00Z","agent":"a1","kind":"http","host":"api.github.com","port":443,"method":"GET","path":"/user","status":200,"allowed":true,"secret":"github"}

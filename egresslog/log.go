@@ -196,11 +196,16 @@ func (l *Log) Begin(r Record) *Conn {
 	r.sanitize()
 	r.Open = true
 	c := &Conn{l: l, a: l.agent(r.Agent), id: l.openID.Add(1), start: r.Time}
+	r.ConnID = c.id
 	c.a.mu.Lock()
 	c.a.open[c.id] = r
 	c.a.mu.Unlock()
 	return c
 }
+
+// ID identifies the connection: its records, and those of the HTTP
+// requests it carries, have it as their ConnID.
+func (c *Conn) ID() uint64 { return c.id }
 
 // End records the connection as closed, with the final record r: its Time
 // is the connection's start, and a zero Duration is the time since Begin.
@@ -210,7 +215,7 @@ func (c *Conn) End(r Record) {
 		c.a.mu.Lock()
 		delete(c.a.open, c.id)
 		c.a.mu.Unlock()
-		r.Time = c.start
+		r.Time, r.ConnID = c.start, c.id
 		if r.Duration == 0 {
 			r.Duration = time.Since(c.start)
 		}

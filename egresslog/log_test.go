@@ -116,17 +116,17 @@ func TestOpenConns(t *testing.T) {
 	if len(l.List(Filter{}, 0)) != 0 {
 		t.Fatal("an open connection was recorded before it closed")
 	}
-	c.End(Record{Agent: "a", Kind: KindTLS, Host: "api.github.com", Port: 443, Allowed: true, BytesUp: 10, Bytes: 20})
+	c.End(Record{Agent: "a", Kind: KindTLS, Host: "api.github.com", Port: 443, Allowed: true, BytesUp: 10, BytesDown: 20})
 	c.End(Record{Agent: "a"}) // second End does nothing
 	if n := len(l.OpenConns("")); n != 0 {
 		t.Fatalf("%d open after End", n)
 	}
 	got := l.List(Filter{}, 0)
-	if len(got) != 1 || got[0].Open || got[0].Bytes != 20 || got[0].Duration <= 0 {
+	if len(got) != 1 || got[0].Open || got[0].BytesDown != 20 || got[0].Duration <= 0 {
 		t.Fatalf("closed record = %+v", got)
 	}
 	s := l.Stats()["a"]
-	if s.BytesUp != 10 || s.Bytes != 20 || s.Records != 1 {
+	if s.BytesUp != 10 || s.BytesDown != 20 || s.Records != 1 {
 		t.Fatalf("stats = %+v", s)
 	}
 }
@@ -136,13 +136,13 @@ func TestStats(t *testing.T) {
 	l.Record(Record{Agent: "a", Allowed: false, Reason: "no rule"})
 	l.Record(Record{Agent: "a", Allowed: false, Reason: "no rule"})
 	l.Record(Record{Agent: "a", Allowed: true, Report: true, Reason: "port"})
-	l.Record(Record{Agent: "a", Allowed: true, Secret: "github", BytesUp: 5, Bytes: 7})
+	l.Record(Record{Agent: "a", Allowed: true, Secret: "github", BytesUp: 5, BytesDown: 7})
 	for i := 0; i < 100; i++ {
 		l.Record(Record{Agent: "b", Allowed: false, Reason: fmt.Sprintf("reason %d", i)})
 	}
 	st := l.Stats()
 	a := st["a"]
-	if a.Records != 4 || a.Denied != 3 || a.DeniedByReason["no rule"] != 2 || a.DeniedByReason["port"] != 1 || a.Injected != 1 || a.BytesUp != 5 || a.Bytes != 7 {
+	if a.Records != 4 || a.Denied != 3 || a.DeniedByReason["no rule"] != 2 || a.DeniedByReason["port"] != 1 || a.Injected != 1 || a.BytesUp != 5 || a.BytesDown != 7 {
 		t.Errorf("stats a = %+v", a)
 	}
 	b := st["b"]
@@ -213,7 +213,7 @@ func TestConcurrentWritersAndFollowers(t *testing.T) {
 	if nDenied != writers*((perWriter+2)/3) {
 		t.Fatalf("denied follower got %d", nDenied)
 	}
-	if err := l.Close(context.Background()); err != nil {
+	if err := l.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if lines := bytes.Count(sinkBuf.Bytes(), []byte("\n")); lines != writers*perWriter {
@@ -274,7 +274,7 @@ func TestSinksNeverBlock(t *testing.T) {
 		t.Fatal("no record was dropped for the blocked sink")
 	}
 	close(bw.release)
-	if err := l.Close(context.Background()); err != nil {
+	if err := l.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, failed := l.SinkStats(); failed == 0 {
@@ -289,7 +289,7 @@ func TestCloseTimesOut(t *testing.T) {
 	l.Record(rec("a", 1))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := l.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if err := l.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Close = %v, want the context's error", err)
 	}
 }
@@ -302,7 +302,7 @@ func TestJSONFileSink(t *testing.T) {
 	}
 	l := &Log{Sinks: []Sink{s}}
 	l.Record(Record{Agent: "a", Kind: KindHTTP, Host: "h", Path: "/p?token=x", Allowed: true})
-	if err := l.Close(context.Background()); err != nil {
+	if err := l.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -327,7 +327,7 @@ func TestSlogSink(t *testing.T) {
 	l := &Log{Sinks: []Sink{SlogSink{Logger: slog.New(slog.NewTextHandler(&buf, nil))}}}
 	l.Record(Record{Agent: "a", Kind: KindTLS, Host: "evil.example", Port: 443, Reason: "no rule"})
 	l.Record(Record{Agent: "a", Kind: KindHTTP, Host: "ok.example", Port: 443, Allowed: true, Secret: "gh", Status: 200})
-	if err := l.Close(context.Background()); err != nil {
+	if err := l.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
@@ -361,7 +361,7 @@ func (b *safeBuffer) Bytes() []byte {
 func BenchmarkRecord(b *testing.B) {
 	l := &Log{Sinks: []Sink{NewJSONSink(io.Discard)}}
 	r := Record{Agent: "agent-1", Kind: KindHTTP, Host: "api.github.com", Port: 443, Method: "GET", Path: "/repos/x/y",
-		Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "api.github.com", Secret: "github", BytesUp: 300, Bytes: 4000,
+		Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "api.github.com", Secret: "github", BytesUp: 300, BytesDown: 4000,
 		Duration: 12 * time.Millisecond}
 	b.ReportAllocs()
 	i := 0
@@ -373,7 +373,7 @@ func BenchmarkRecord(b *testing.B) {
 			}
 		}
 	}
-	if err := l.Close(context.Background()); err != nil {
+	if err := l.Shutdown(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 	b.StopTimer()

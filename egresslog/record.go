@@ -27,52 +27,59 @@ const (
 // could hold a secret's value: Secret is the secret's name, and Path never
 // includes the query string, where a credential may have been placed.
 type Record struct {
-	Seq      uint64         // order across all agents, set by Log.Record
-	Time     time.Time      // when it started; zero means now
-	Agent    string         // who
-	Kind     Kind           // what
-	Host     string         // the name (or address) the decision was made on
-	Port     uint16         // destination port
-	Addr     netip.AddrPort // the address actually dialled, if any
-	Method   string         // HTTP method, or DNS query type ("A", "TXT")
-	Path     string         // HTTP path, without the query string
-	Status   int            // HTTP status, or DNS rcode
-	Answers  int            // DNS answers returned to the agent
-	Allowed  bool           // false: denied
-	Report   bool           // allowed only because the policy is in report mode
-	Reason   string         // why it was allowed or denied, or how it ended
-	Rule     string         // the policy entry or injection rule that matched
-	Secret   string         // the name of the secret injected, if any
-	BytesUp  int64          // bytes from the agent towards the destination
-	Bytes    int64          // bytes from the destination back to the agent
-	Duration time.Duration  // how long it lasted
-	Open     bool           // the connection is still open (see Log.OpenConns)
+	Seq       uint64         // order across all agents, set by Log.Record
+	Time      time.Time      // when it started; zero means now
+	Agent     string         // who
+	Kind      Kind           // what
+	Host      string         // the name (or address) the decision was made on
+	Port      uint16         // destination port
+	Addr      netip.AddrPort // the address actually dialled, if any
+	Method    string         // HTTP method, or DNS query type ("A", "TXT")
+	Path      string         // HTTP path, without the query string
+	Status    int            // HTTP status, or DNS rcode
+	Answers   int            // DNS answers returned to the agent
+	Allowed   bool           // false: denied
+	Report    bool           // allowed only because the policy is in report mode
+	Reason    string         // why it was allowed or denied, or how it ended
+	Rule      string         // the policy entry or injection rule that matched
+	Secret    string         // the name of the secret injected, if any
+	BytesUp   int64          // bytes from the agent towards the destination
+	BytesDown int64          // bytes from the destination back to the agent
+	Duration  time.Duration  // how long it lasted
+	Open      bool           // the connection is still open (see Log.OpenConns)
+	// ConnID identifies a connection record (set by Log.Begin), and, on an
+	// HTTP record, the recorded connection that carried the request (an
+	// intercepted TLS connection, a CONNECT tunnel): the request's bytes
+	// are then part of that connection's, and counted there only. Zero
+	// means none.
+	ConnID uint64
 }
 
 // JSON field names of a record, one object per line. The form is stable:
 // fields are only ever added. Empty and zero fields are omitted, except
 // time, seq, agent, kind and allowed.
 const (
-	FieldSeq      = "seq"
-	FieldTime     = "time" // RFC 3339 with nanoseconds, UTC
-	FieldAgent    = "agent"
-	FieldKind     = "kind"
-	FieldHost     = "host"
-	FieldPort     = "port"
-	FieldAddr     = "addr" // "ip:port"
-	FieldMethod   = "method"
-	FieldPath     = "path"
-	FieldStatus   = "status"
-	FieldAnswers  = "answers"
-	FieldAllowed  = "allowed"
-	FieldReport   = "report"
-	FieldReason   = "reason"
-	FieldRule     = "rule"
-	FieldSecret   = "secret"
-	FieldBytesUp  = "bytes_up"
-	FieldBytes    = "bytes_down"
-	FieldDuration = "duration_ms" // float milliseconds
-	FieldOpen     = "open"
+	FieldSeq       = "seq"
+	FieldTime      = "time" // RFC 3339 with nanoseconds, UTC
+	FieldAgent     = "agent"
+	FieldKind      = "kind"
+	FieldHost      = "host"
+	FieldPort      = "port"
+	FieldAddr      = "addr" // "ip:port"
+	FieldMethod    = "method"
+	FieldPath      = "path"
+	FieldStatus    = "status"
+	FieldAnswers   = "answers"
+	FieldAllowed   = "allowed"
+	FieldReport    = "report"
+	FieldReason    = "reason"
+	FieldRule      = "rule"
+	FieldSecret    = "secret"
+	FieldBytesUp   = "bytes_up"
+	FieldBytesDown = "bytes_down"
+	FieldDuration  = "duration_ms" // float milliseconds
+	FieldOpen      = "open"
+	FieldConnID    = "conn"
 )
 
 // Bounds on the strings a record keeps; longer ones are cut at a UTF-8
@@ -166,13 +173,17 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	b = appendString(b, FieldRule, r.Rule, false)
 	b = appendString(b, FieldSecret, r.Secret, false)
 	b = appendInt(b, FieldBytesUp, r.BytesUp)
-	b = appendInt(b, FieldBytes, r.Bytes)
+	b = appendInt(b, FieldBytesDown, r.BytesDown)
 	if r.Duration != 0 {
 		b = append(b, `,"`+FieldDuration+`":`...)
 		b = strconv.AppendFloat(b, float64(r.Duration)/float64(time.Millisecond), 'f', -1, 64)
 	}
 	if r.Open {
 		b = append(b, `,"`+FieldOpen+`":true`...)
+	}
+	if r.ConnID != 0 {
+		b = append(b, `,"`+FieldConnID+`":`...)
+		b = strconv.AppendUint(b, r.ConnID, 10)
 	}
 	return append(b, '}')
 }
@@ -252,26 +263,27 @@ func appendQuoted(b []byte, s string) []byte {
 
 // jsonRecord is the JSON form, for parsing.
 type jsonRecord struct {
-	Seq      uint64   `json:"seq"`
-	Time     string   `json:"time"`
-	Agent    string   `json:"agent"`
-	Kind     Kind     `json:"kind"`
-	Host     string   `json:"host"`
-	Port     uint16   `json:"port"`
-	Addr     string   `json:"addr"`
-	Method   string   `json:"method"`
-	Path     string   `json:"path"`
-	Status   int      `json:"status"`
-	Answers  int      `json:"answers"`
-	Allowed  *bool    `json:"allowed"`
-	Report   bool     `json:"report"`
-	Reason   string   `json:"reason"`
-	Rule     string   `json:"rule"`
-	Secret   string   `json:"secret"`
-	BytesUp  int64    `json:"bytes_up"`
-	Bytes    int64    `json:"bytes_down"`
-	Duration *float64 `json:"duration_ms"`
-	Open     bool     `json:"open"`
+	Seq       uint64   `json:"seq"`
+	Time      string   `json:"time"`
+	Agent     string   `json:"agent"`
+	Kind      Kind     `json:"kind"`
+	Host      string   `json:"host"`
+	Port      uint16   `json:"port"`
+	Addr      string   `json:"addr"`
+	Method    string   `json:"method"`
+	Path      string   `json:"path"`
+	Status    int      `json:"status"`
+	Answers   int      `json:"answers"`
+	Allowed   *bool    `json:"allowed"`
+	Report    bool     `json:"report"`
+	Reason    string   `json:"reason"`
+	Rule      string   `json:"rule"`
+	Secret    string   `json:"secret"`
+	BytesUp   int64    `json:"bytes_up"`
+	BytesDown int64    `json:"bytes_down"`
+	Duration  *float64 `json:"duration_ms"`
+	Open      bool     `json:"open"`
+	ConnID    uint64   `json:"conn"`
 }
 
 // ParseJSON parses one record in the form AppendJSON writes. A record
@@ -292,7 +304,7 @@ func ParseJSON(line []byte) (Record, error) {
 		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port,
 		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
 		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret,
-		BytesUp: j.BytesUp, Bytes: j.Bytes, Open: j.Open,
+		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Open: j.Open, ConnID: j.ConnID,
 	}
 	if j.Addr != "" {
 		if r.Addr, err = netip.ParseAddrPort(j.Addr); err != nil {

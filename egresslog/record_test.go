@@ -26,13 +26,13 @@ var goldenRecords = map[string]Record{
 	"tls_spliced": {
 		Seq: 2, Time: time.Date(2026, 11, 29, 8, 0, 1, 0, time.UTC), Agent: "agent-1", Kind: KindTLS,
 		Host: "api.github.com", Port: 443, Addr: netip.MustParseAddrPort("140.82.112.6:443"), Allowed: true,
-		Reason: "allowed by rule", Rule: "*.github.com", BytesUp: 517, Bytes: 1 << 20, Duration: 1500 * time.Millisecond,
+		Reason: "allowed by rule", Rule: "*.github.com", BytesUp: 517, BytesDown: 1 << 20, Duration: 1500 * time.Millisecond,
 	},
 	"http_injected": {
 		Seq: 3, Time: time.Date(2026, 11, 29, 8, 0, 2, 5000, time.UTC), Agent: "agent-2", Kind: KindHTTP,
 		Host: "api.anthropic.com", Port: 443, Addr: netip.MustParseAddrPort("[2607:6bc0::10]:443"), Method: "POST",
 		Path: "/v1/messages", Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "api.anthropic.com",
-		Secret: "anthropic", BytesUp: 1234, Bytes: 56789, Duration: 2345678 * time.Microsecond,
+		Secret: "anthropic", BytesUp: 1234, BytesDown: 56789, Duration: 2345678 * time.Microsecond,
 	},
 	"report_escapes": {
 		Seq: 4, Time: time.Date(2026, 11, 29, 8, 0, 3, 0, time.UTC), Agent: "agent \"quoted\"", Kind: KindConnect,

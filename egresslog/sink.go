@@ -54,10 +54,10 @@ func (l *Log) writeSinks(r *Record) {
 	}
 }
 
-// Close stops accepting records for the sinks, waits until the queued ones
-// are written or ctx is done, and flushes. The rings stay readable; records
-// added after Close reach the rings but not the sinks.
-func (l *Log) Close(ctx context.Context) error {
+// Shutdown stops accepting records for the sinks, waits until the queued
+// ones are written or ctx is done, and flushes. The rings stay readable;
+// records added after Shutdown reach the rings but not the sinks.
+func (l *Log) Shutdown(ctx context.Context) error {
 	l.init()
 	var err error
 	l.closeOnce.Do(func() {
@@ -73,10 +73,20 @@ func (l *Log) Close(ctx context.Context) error {
 		select {
 		case <-l.sinkDone:
 		case <-ctx.Done():
-			err = fmt.Errorf("egresslog: close: %w", ctx.Err())
+			err = fmt.Errorf("egresslog: shutdown: %w", ctx.Err())
 		}
 	})
 	return err
+}
+
+// Close stops accepting records for the sinks at once; those already
+// queued are still written, in the background. It is safe to call more
+// than once, and after Shutdown.
+func (l *Log) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Shutdown(ctx) // a cancelled shutdown reports only that it did not wait
+	return nil
 }
 
 // Flush waits until every record queued so far has been written to the
@@ -196,8 +206,8 @@ func (s SlogSink) WriteRecord(r *Record) error {
 	if r.Status != 0 {
 		attrs = append(attrs, slog.Int(FieldStatus, r.Status))
 	}
-	if r.BytesUp != 0 || r.Bytes != 0 {
-		attrs = append(attrs, slog.Int64(FieldBytesUp, r.BytesUp), slog.Int64(FieldBytes, r.Bytes))
+	if r.BytesUp != 0 || r.BytesDown != 0 {
+		attrs = append(attrs, slog.Int64(FieldBytesUp, r.BytesUp), slog.Int64(FieldBytesDown, r.BytesDown))
 	}
 	if r.Duration != 0 {
 		attrs = append(attrs, slog.Duration("duration", r.Duration.Round(time.Microsecond)))

@@ -10,7 +10,7 @@ type Stats struct {
 	DeniedByReason map[string]uint64 // denials by reason; at most 64 reasons, the rest under "other"
 	Injected       uint64            // requests that carried an injected secret
 	BytesUp        uint64            // agent towards destinations
-	Bytes          uint64            // destinations back to the agent
+	BytesDown      uint64            // destinations back to the agent
 }
 
 func (s *Stats) add(r *Record) {
@@ -26,11 +26,14 @@ func (s *Stats) add(r *Record) {
 	if r.Secret != "" {
 		s.Injected++
 	}
+	if r.Kind == KindHTTP && r.ConnID != 0 {
+		return // counted with the connection that carried it
+	}
 	if r.BytesUp > 0 {
 		s.BytesUp += uint64(r.BytesUp)
 	}
-	if r.Bytes > 0 {
-		s.Bytes += uint64(r.Bytes)
+	if r.BytesDown > 0 {
+		s.BytesDown += uint64(r.BytesDown)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
 )
@@ -28,6 +30,7 @@ func (r *rig) viaTProxy(t testing.TB, intercept bool) string {
 		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.pol, true },
 		Guard:    r.ic.Guard,
 		Resolver: r.ic.Resolver,
+		Log:      r.log,
 		OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
 			return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
 		},
@@ -94,11 +97,40 @@ func TestInheritsTheProxysGuardAndResolver(t *testing.T) {
 	guard, resolver := r.ic.Guard, r.ic.Resolver
 	require.NotNil(t, guard)
 	require.NotNil(t, resolver)
-	addr := r.viaTProxy(t, true) // the proxy takes the rig's guard and resolver
+	addr := r.viaTProxy(t, true)         // the proxy takes the rig's guard and resolver
 	r.ic.Guard, r.ic.Resolver = nil, nil // before the interceptor's first use
 	resp, body := r.get(r.clientFor(addr, false), "https://api.test/inherited", http.Header{"Authorization": {"Bearer " + r.ph}})
 	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
 	assert.Equal(t, "Bearer "+secretValue, r.upstreamHeader().Get("Authorization"))
+}
+
+// TestRequestsLinkToTheirConnection: the requests of an intercepted
+// connection carry its ID, and an agent's byte counters count the
+// connection's bytes once, not again for each request inside it.
+func TestRequestsLinkToTheirConnection(t *testing.T) {
+	r := newRig(t)
+	c := r.clientFor(r.viaTProxy(t, true), true)
+	for range 2 {
+		resp, _ := r.get(c, "https://api.test/linked", nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	c.CloseIdleConnections() // the connection ends, and is recorded
+	conn := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Kind == egresslog.KindTLS })
+	require.NotZero(t, conn.ConnID)
+	var requests []egresslog.Record
+	for _, rec := range r.log.List(egresslog.Filter{Kind: egresslog.KindHTTP}, 0) {
+		if rec.Path == "/linked" {
+			requests = append(requests, rec)
+		}
+	}
+	require.Len(t, requests, 2)
+	for _, rec := range requests {
+		assert.Equal(t, conn.ConnID, rec.ConnID, "a request names the connection that carried it")
+		assert.Positive(t, rec.BytesDown)
+	}
+	stats := r.log.Stats()["a1"]
+	assert.Equal(t, uint64(conn.BytesDown), stats.BytesDown, "bytes counted once, with the connection")
+	assert.Equal(t, uint64(conn.BytesUp), stats.BytesUp)
 }
 
 func BenchmarkMintLeaf(b *testing.B) {

@@ -243,10 +243,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
 	host := httpfwd.HostOnly(r.Host)
-	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path}
+	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path,
+		ConnID: egresslog.ConnIDFrom(r.Context())}
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	defer func() {
-		rec.Status, rec.Bytes, rec.Duration = cw.Status, cw.Bytes, time.Since(start)
+		rec.Status, rec.BytesDown, rec.Duration = cw.Status, cw.Bytes, time.Since(start)
 		if i.Log != nil {
 			i.Log.Record(rec)
 		}

@@ -221,7 +221,7 @@ func TestInjectHTTP1AndHTTP2(t *testing.T) {
 				t.Errorf("upstream query = %q", q)
 			}
 			rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/v1/x" && rec.Status == 200 })
-			if !rec.Allowed || rec.Secret != "api" || rec.Host != "api.test" || rec.Method != "GET" || rec.Bytes == 0 {
+			if !rec.Allowed || rec.Secret != "api" || rec.Host != "api.test" || rec.Method != "GET" || rec.BytesDown == 0 {
 				t.Errorf("record %+v", rec)
 			}
 		})

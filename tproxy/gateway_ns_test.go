@@ -103,7 +103,7 @@ func TestGatewayHelper(t *testing.T) {
 	fmt.Println("READY")
 	io.Copy(io.Discard, os.Stdin) // until the parent closes stdin or kills us
 	p.Close()
-	elog.Close(context.Background())
+	elog.Shutdown(context.Background())
 	sink.Close()
 }
 

@@ -140,7 +140,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rp.ServeHTTP(cw, r)
 	rec.Status = cw.Status
-	rec.BytesUp, rec.Bytes = body.Bytes(), cw.Bytes
+	rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
 	rec.Duration = time.Since(start)
 	p.record(rec)
 }

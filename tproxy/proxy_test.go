@@ -28,7 +28,7 @@ func TestTLSBySNI(t *testing.T) {
 		t.Fatalf("allowed SNI: %q, %v", body, err)
 	}
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && r.Host == "api.test" })
-	if !r.Allowed || r.Rule != "api.test:*" || r.BytesUp == 0 || r.Bytes == 0 || r.Addr != w.tlsAddr {
+	if !r.Allowed || r.Rule != "api.test:*" || r.BytesUp == 0 || r.BytesDown == 0 || r.Addr != w.tlsAddr {
 		t.Errorf("record %+v", r)
 	}
 

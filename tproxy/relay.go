@@ -96,7 +96,7 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 		upN, downN, err = r.run()
 	}
 	rec.BytesUp = upN + int64(len(clientBytes))
-	rec.Bytes = downN + int64(len(upBytes))
+	rec.BytesDown = downN + int64(len(upBytes))
 	rec.Reason = ReasonClosed
 	if why := r.why.Load(); why != nil {
 		rec.Reason = *why

@@ -529,16 +529,26 @@ func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 }
 
 // intercept hands the connection, with the ClientHello already read, to
-// the Interceptor and records it when it returns.
+// the Interceptor, and records it, open until the Interceptor returns. Its
+// context carries the connection's ID, which links the records of the
+// requests inside to it.
 func (s *session) intercept(t target, hello []byte) {
 	c := newPrefixConn(s.client, hello)
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, t.decision)
-	s.p.Interceptor.Intercept(s.p.dialContext(s.ctx), c, s.agent, s.pol, t.host, t.port)
+	ctx := s.p.dialContext(s.ctx)
+	var conn *egresslog.Conn
+	if s.p.Log != nil {
+		conn = s.p.Log.Begin(r)
+		ctx = egresslog.WithConnID(ctx, conn.ID())
+	}
+	s.p.Interceptor.Intercept(ctx, c, s.agent, s.pol, t.host, t.port)
 	c.Close()
 	r.Reason = ReasonIntercepted
-	r.BytesUp, r.Bytes = c.read.Load(), c.written.Load()
+	r.BytesUp, r.BytesDown = c.read.Load(), c.written.Load()
 	r.Duration = time.Since(s.start)
-	s.p.record(r)
+	if conn != nil {
+		conn.End(r)
+	}
 }
 
 // dialContext carries the proxy's Guard and Resolver, for the

@@ -45,11 +45,11 @@ func TestWrappedConnections(t *testing.T) {
 	rec := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && r.Host == "svc.test" })
 	assert.True(t, rec.Allowed)
 	assert.Equal(t, int64(len("ping")), rec.BytesUp)
-	assert.Equal(t, int64(len("echo:ping")), rec.Bytes)
+	assert.Equal(t, int64(len("echo:ping")), rec.BytesDown)
 
 	require.NoError(t, connectThrough(explicit.Addr().String(), fmt.Sprintf("svc.test:%d", w.echoAddr.Port())),
 		"an allowed CONNECT through a wrapping listener")
 	rec = w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindConnect && r.Host == "svc.test" })
 	assert.True(t, rec.Allowed)
-	assert.Equal(t, int64(len("echo:ping")), rec.Bytes)
+	assert.Equal(t, int64(len("echo:ping")), rec.BytesDown)
 }

@@ -373,7 +373,7 @@ func (s *server) metrics(w http.ResponseWriter, _ *http.Request) {
 	family("agenthold_egress_bytes_total", "counter", "Bytes moved for agents, by direction.")
 	for _, a := range agents {
 		fmt.Fprintf(w, "agenthold_egress_bytes_total{agent=%s,direction=\"up\"} %d\n", label(a), stats[a].BytesUp)
-		fmt.Fprintf(w, "agenthold_egress_bytes_total{agent=%s,direction=\"down\"} %d\n", label(a), stats[a].Bytes)
+		fmt.Fprintf(w, "agenthold_egress_bytes_total{agent=%s,direction=\"down\"} %d\n", label(a), stats[a].BytesDown)
 	}
 	family("agenthold_agents", "gauge", "Agents with a network.")
 	fmt.Fprintf(w, "agenthold_agents %d\n", len(s.agents.list()))

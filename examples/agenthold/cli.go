@@ -535,8 +535,8 @@ func logRow(r egresslog.Record) string {
 		}
 	}
 	bytes := ""
-	if r.BytesUp != 0 || r.Bytes != 0 {
-		bytes = fmt.Sprintf("%d/%d", r.BytesUp, r.Bytes)
+	if r.BytesUp != 0 || r.BytesDown != 0 {
+		bytes = fmt.Sprintf("%d/%d", r.BytesUp, r.BytesDown)
 	}
 	return strings.Join([]string{r.Time.Local().Format("15:04:05.000"), r.Agent, string(r.Kind), dest, verdict, detail, r.Secret, bytes}, "\t")
 }

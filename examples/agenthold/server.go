@@ -435,7 +435,7 @@ func (s *server) stop(ctx context.Context) {
 		s.rules.Close()
 	}
 	if s.elog != nil {
-		s.elog.Close(ctx)
+		s.elog.Shutdown(ctx)
 	}
 	if s.lock != nil {
 		s.lock.Close()

@@ -253,7 +253,7 @@ func (sc *sidecar) stop(ctx context.Context) {
 		sc.watch.Close()
 	}
 	if sc.log != nil {
-		sc.log.Close(ctx)
+		sc.log.Shutdown(ctx)
 	}
 	if sc.sink != nil {
 		sc.sink.Close()
