@@ -20,6 +20,7 @@ var allowedDeps = map[string][]string{
 	"internal/hostname":  nil,
 	"internal/httpmeter": nil,
 	"internal/httpfwd":   {module + "/netguard"},
+	"internal/serving":   nil,
 	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
 	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.

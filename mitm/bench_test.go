@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -131,6 +133,38 @@ func TestRequestsLinkToTheirConnection(t *testing.T) {
 	stats := r.log.Stats()["a1"]
 	assert.Equal(t, uint64(conn.BytesDown), stats.BytesDown, "bytes counted once, with the connection")
 	assert.Equal(t, uint64(conn.BytesUp), stats.BytesUp)
+}
+
+// TestClientRefusingTheLeafIsRecorded: a sandbox that does not trust the
+// interception CA fails the handshake, and the connection's record says
+// so, instead of a plain "intercepted".
+func TestClientRefusingTheLeafIsRecorded(t *testing.T) {
+	r := newRig(t)
+	var logged strings.Builder
+	r.ic.Logger = slog.New(slog.NewTextHandler(&syncWriter{w: &logged}, nil))
+	addr := r.viaTProxy(t, true)
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	tc := tls.Client(c, &tls.Config{ServerName: "api.test", RootCAs: rootPool(r.upRoot)}) // not the interception CA
+	err = tc.Handshake()
+	tc.Close()
+	require.Error(t, err)
+	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Kind == egresslog.KindTLS })
+	assert.Contains(t, rec.Reason, "client TLS handshake")
+	assert.Contains(t, rec.Reason, "certificate")
+	assert.Contains(t, logged.String(), "does the sandbox trust the CA")
+}
+
+// syncWriter serialises writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(b)
 }
 
 func BenchmarkMintLeaf(b *testing.B) {

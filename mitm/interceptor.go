@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -69,6 +71,9 @@ type Interceptor struct {
 	RootCAs *x509.CertPool
 	// Log receives one record per request.
 	Log *egresslog.Log
+	// Logger receives operational messages (a client that refused the
+	// interception leaf); nil discards them.
+	Logger *slog.Logger
 	// Timeout bounds the TLS handshake with the sandbox, each request head,
 	// and upstream dials; zero means 10s.
 	Timeout time.Duration
@@ -81,6 +86,13 @@ type Interceptor struct {
 // Claims reports whether the interceptor takes TLS to host for agent.
 func (i *Interceptor) Claims(agent, host string) bool {
 	return i.Claim != nil && i.Claim(agent, host)
+}
+
+func (i *Interceptor) logger() *slog.Logger {
+	if i.Logger != nil {
+		return i.Logger
+	}
+	return slog.New(slog.DiscardHandler)
 }
 
 func (i *Interceptor) timeout() time.Duration {
@@ -128,14 +140,26 @@ type connInfoKey struct{}
 
 // Intercept serves one sandbox connection whose ClientHello named host:
 // it presents host's leaf, speaks HTTP/1.1 or HTTP/2 as ALPN settles, and
-// returns when the connection is done. It owns conn.
-func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, pol *policy.Policy, host string, port uint16) {
+// returns when the connection is done: nil, or why the connection failed
+// as a whole (the client refused the leaf). It owns conn.
+func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, pol *policy.Policy, host string, port uint16) error {
 	i.init()
 	tlsConn := tls.Server(conn, &tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.Leaves.Get(host) },
 		NextProtos:     []string{"h2", "http/1.1"},
 		MinVersion:     tls.VersionTLS12,
 	})
+	// The handshake first, so that a client that refuses the leaf (one
+	// that does not trust the CA) is told apart from one that just left.
+	hctx, cancel := context.WithTimeout(ctx, i.timeout())
+	err := tlsConn.HandshakeContext(hctx)
+	cancel()
+	if err != nil {
+		tlsConn.Close()
+		err = fmt.Errorf("mitm: client TLS handshake for %s: %w", host, err)
+		i.logger().Warn("intercepted connection failed its handshake; does the sandbox trust the CA?", "agent", agent, "host", host, "err", err)
+		return err
+	}
 	info := &connInfo{agent: agent, pol: pol, host: host, port: port}
 	done := make(chan struct{})
 	var once sync.Once
@@ -173,6 +197,7 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 	active.closeAndWait()
 	srv.Close()
 	tlsConn.Close()
+	return nil
 }
 
 // activeRequests counts a connection's requests in progress under the

@@ -44,25 +44,19 @@ type leafEntry struct {
 	expires time.Time
 }
 
-// Get returns the leaf for host, minting it if needed.
+// Get returns the leaf for host, minting it if needed, once however many
+// ask at the same time.
 func (l *Leaves) Get(host string) (*tls.Certificate, error) {
 	now := time.Now()
-	l.mu.Lock()
-	if l.byHost == nil {
-		l.byHost, l.lru = map[string]*list.Element{}, list.New()
+	if cert := l.cached(host, now); cert != nil {
+		return cert, nil
 	}
-	if el, ok := l.byHost[host]; ok {
-		e := el.Value.(*leafEntry)
-		if now.Before(e.expires) {
-			l.lru.MoveToFront(el)
-			l.mu.Unlock()
-			return e.cert, nil
-		}
-		l.lru.Remove(el)
-		delete(l.byHost, host)
-	}
-	l.mu.Unlock()
 	v, err, _ := l.flight.Do(host, func() (any, error) {
+		// A flight that ended between the check above and this one has
+		// stored the leaf: look again before minting.
+		if cert := l.cached(host, now); cert != nil {
+			return cert, nil
+		}
 		cert, err := mintLeaf(l.CA, host, now)
 		if err != nil {
 			return nil, err
@@ -74,6 +68,27 @@ func (l *Leaves) Get(host string) (*tls.Certificate, error) {
 		return nil, err
 	}
 	return v.(*tls.Certificate), nil
+}
+
+// cached returns host's leaf if it is cached and valid at now.
+func (l *Leaves) cached(host string, now time.Time) *tls.Certificate {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byHost == nil {
+		l.byHost, l.lru = map[string]*list.Element{}, list.New()
+	}
+	el, ok := l.byHost[host]
+	if !ok {
+		return nil
+	}
+	e := el.Value.(*leafEntry)
+	if !now.Before(e.expires) {
+		l.lru.Remove(el)
+		delete(l.byHost, host)
+		return nil
+	}
+	l.lru.MoveToFront(el)
+	return e.cert
 }
 
 func (l *Leaves) store(host string, cert *tls.Certificate, now time.Time) {

@@ -26,10 +26,12 @@ type NamesFunc func(agent string, addr netip.Addr) []string
 
 // Interceptor takes over TLS connections for hosts it claims; mitm
 // implements it. Intercept owns conn (whose reads replay the bytes the
-// proxy already read) and returns when the connection is done.
+// proxy already read) and returns when the connection is done, with why
+// it failed as a whole, if it did (the client refused the certificate),
+// for the connection's record.
 type Interceptor interface {
 	Claims(agent, host string) bool
-	Intercept(ctx context.Context, conn net.Conn, agent string, p *policy.Policy, host string, port uint16)
+	Intercept(ctx context.Context, conn net.Conn, agent string, p *policy.Policy, host string, port uint16) error
 }
 
 // ErrServerClosed is returned by Serve and ServeExplicit after Shutdown or

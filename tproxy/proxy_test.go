@@ -324,7 +324,7 @@ type interceptor struct {
 
 func (i *interceptor) Claims(_, host string) bool { return host == "api.test" }
 
-func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ *policy.Policy, host string, port uint16) {
+func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ *policy.Policy, host string, port uint16) error {
 	b := make([]byte, 5)
 	io.ReadFull(c, b)
 	i.mu.Lock()
@@ -332,6 +332,7 @@ func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ *
 	i.first = b
 	i.mu.Unlock()
 	c.Close()
+	return nil
 }
 
 func TestInterceptorHandoff(t *testing.T) {

@@ -541,9 +541,12 @@ func (s *session) intercept(t target, hello []byte) {
 		conn = s.p.Log.Begin(r)
 		ctx = egresslog.WithConnID(ctx, conn.ID())
 	}
-	s.p.Interceptor.Intercept(ctx, c, s.agent, s.pol, t.host, t.port)
+	err := s.p.Interceptor.Intercept(ctx, c, s.agent, s.pol, t.host, t.port)
 	c.Close()
 	r.Reason = ReasonIntercepted
+	if err != nil {
+		r.Reason = ReasonIntercepted + ": " + err.Error()
+	}
 	r.BytesUp, r.BytesDown = c.read.Load(), c.written.Load()
 	r.Duration = time.Since(s.start)
 	if conn != nil {

@@ -59,15 +59,16 @@ func (s *server) startAdmin() error {
 		return err
 	}
 	s.admin = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
-	go s.admin.Serve(ln)
+	s.servers.Go("admin API", func() error { return s.admin.Serve(ln) }, http.ErrServerClosed)
 	if s.cfg.MetricsAddr != "" {
 		mln, err := net.Listen("tcp", s.cfg.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("metrics_addr: %w", err)
 		}
 		mux := http.NewServeMux()
-		mux.HandleFunc("GET /metrics", s.metrics)
-		go (&http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}).Serve(mln)
+		mux.HandleFunc("GET /metrics", s.serveMetrics)
+		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.servers.Go("metrics", func() error { return s.metrics.Serve(mln) }, http.ErrServerClosed)
 	}
 	return nil
 }
@@ -88,7 +89,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
 	mux.HandleFunc("GET /v1/presets", s.listPresets)
 	mux.HandleFunc("GET /v1/log", s.readLog)
-	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.HandleFunc("GET /metrics", s.serveMetrics)
 	return mux
 }
 
@@ -341,8 +342,8 @@ func (s *server) readLog(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// metrics serves the counters in the Prometheus text format.
-func (s *server) metrics(w http.ResponseWriter, _ *http.Request) {
+// serveMetrics serves the counters in the Prometheus text format.
+func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	stats := s.elog.Stats()
 	agents := make([]string, 0, len(stats))

@@ -96,11 +96,14 @@ func cmdServe(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	logger.Info("agenthold serving", "admin_socket", cfg.adminSocket(), "proxy_port", cfg.Egress.ProxyPort,
 		"explicit_port", cfg.Egress.ExplicitPort, "dns_port", cfg.Egress.DNSPort, "egress_disabled", cfg.Egress.Disabled)
 	fmt.Println("agenthold: ready") // for scripts that wait
-	<-ctx.Done()
+	<-s.servers.Context().Done() // SIGTERM, or a server failed
 	logger.Info("agenthold stopping: draining, then removing namespaces, links and rules")
 	drain, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	s.stop(drain)
+	if err := s.servers.Wait(); err != nil {
+		return fmt.Errorf("a server failed, so the gateway stopped: %w", err)
+	}
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/serving"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/tproxy"
@@ -42,9 +43,13 @@ type server struct {
 	dns    *dnsfilter.Server
 	proxy  *tproxy.Proxy
 	ic     *mitm.Interceptor
-	rules  *nftrules.Rules
-	admin  *http.Server
-	lock   *os.File
+	rules   *nftrules.Rules
+	admin   *http.Server
+	metrics *http.Server
+	lock    *os.File
+	// servers runs every server; its context ends on SIGTERM or when one
+	// fails, and serve then stops the gateway.
+	servers *serving.Group
 
 	stopping chan struct{} // closed when stop begins
 	stopOnce sync.Once
@@ -59,7 +64,7 @@ func (s *server) bundlePath() string { return filepath.Join(s.cfg.DataDir, "egre
 // startServer brings the gateway up: state, vault, CA, DNS, proxies,
 // rules, agents, admin API. On any error what was started is stopped.
 func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *server, err error) {
-	s = &server{cfg: cfg, log: logger, stopping: make(chan struct{})}
+	s = &server{cfg: cfg, log: logger, stopping: make(chan struct{}), servers: serving.New(ctx)}
 	s.pool4 = netip.MustParsePrefix(cfg.Network.Pool4)
 	s.pool6 = netip.MustParsePrefix(cfg.Network.Pool6)
 	defer func() {
@@ -214,7 +219,7 @@ func (s *server) startDataPlane() error {
 	}
 	s.ic = &mitm.Interceptor{
 		Leaves: &mitm.Leaves{CA: s.ca}, Claim: s.vault.Covers, Injector: s.vault,
-		Guard: s.guard, Resolver: s.dns, RootCAs: roots, Log: s.elog,
+		Guard: s.guard, Resolver: s.dns, RootCAs: roots, Log: s.elog, Logger: s.log,
 	}
 	for _, r := range s.cfg.Egress.TokenRefresh {
 		x := &mitm.RefreshExchange{Host: r.Host, Path: r.Path, RefreshSecret: r.RefreshSecret, AccessSecret: r.AccessSecret, Store: s.vault, Client: s.ic.Client(false)}
@@ -234,17 +239,17 @@ func (s *server) startDataPlane() error {
 		dnsLn.Close()
 		return err
 	}
-	go s.dns.Serve(dnsPC, dnsLn)
+	s.servers.Go("dns", func() error { return s.dns.Serve(dnsPC, dnsLn) }, dnsfilter.ErrServerClosed)
 	transparent, err := tproxy.Listen("tcp", port(s.cfg.Egress.ProxyPort))
 	if err != nil {
 		return err
 	}
-	go s.proxy.Serve(transparent)
+	s.servers.Go("transparent proxy", func() error { return s.proxy.Serve(transparent) }, tproxy.ErrServerClosed)
 	explicit, err := tproxy.Listen("tcp", port(s.cfg.Egress.ExplicitPort))
 	if err != nil {
 		return err
 	}
-	go s.proxy.ServeExplicit(explicit)
+	s.servers.Go("explicit proxy", func() error { return s.proxy.ServeExplicit(explicit) }, tproxy.ErrServerClosed)
 	s.rules, err = nftrules.GatewayRules{
 		Table: tableName(s.cfg.DataDir), DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
 		OpenPorts: []uint16{s.cfg.Egress.ExplicitPort, s.cfg.Egress.TunnelPort}, NoNetwork: s.cfg.Egress.Disabled,
@@ -416,6 +421,9 @@ func (s *server) stop(ctx context.Context) {
 	if s.admin != nil {
 		s.admin.Shutdown(ctx)
 		os.Remove(s.cfg.adminSocket()) // only a server that served it removes it
+	}
+	if s.metrics != nil {
+		s.metrics.Shutdown(ctx)
 	}
 	if s.proxy != nil {
 		s.proxy.Shutdown(ctx)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/serving"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -124,15 +125,18 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	sc, err := startSidecar(p, *policyPath, *credPath, *upstream, *logPath, public, roots, logger)
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, *logPath, public, roots, logger)
 	if err != nil {
 		return err
 	}
 	fmt.Println("sidecar: ready")
-	<-ctx.Done()
+	<-sc.servers.Context().Done() // SIGTERM, or a server failed
 	drain, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	sc.stop(drain)
+	if err := sc.servers.Wait(); err != nil {
+		return fmt.Errorf("a server failed, so the sidecar stopped: %w", err)
+	}
 	return nil
 }
 
@@ -147,6 +151,7 @@ type sidecar struct {
 	sink     *egresslog.JSONSink
 	credPath string
 	accepted map[uint16]*atomic.Int64 // connections accepted per port
+	servers  *serving.Group
 }
 
 // upstreamRoots is the system's roots plus those in path, or nil (the
@@ -166,8 +171,8 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(p ports, policyPath, credPath, upstream, logPath string, public []netip.Prefix, roots *x509.CertPool, logger *slog.Logger) (sc *sidecar, err error) {
-	sc = &sidecar{credPath: credPath, accepted: map[uint16]*atomic.Int64{}}
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, logPath string, public []netip.Prefix, roots *x509.CertPool, logger *slog.Logger) (sc *sidecar, err error) {
+	sc = &sidecar{credPath: credPath, accepted: map[uint16]*atomic.Int64{}, servers: serving.New(ctx)}
 	defer func() {
 		if err != nil {
 			sc.stop(context.Background())
@@ -205,7 +210,7 @@ func startSidecar(p ports, policyPath, credPath, upstream, logPath string, publi
 		upstreams = []string{upstream}
 	}
 	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger}
-	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log}
+	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
 
 	addr := func(port uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(port))) }
@@ -218,7 +223,7 @@ func startSidecar(p ports, policyPath, credPath, upstream, logPath string, publi
 		pc.Close()
 		return sc, err
 	}
-	go sc.dns.Serve(pc, ln)
+	sc.servers.Go("dns", func() error { return sc.dns.Serve(pc, ln) }, dnsfilter.ErrServerClosed)
 	for _, port := range []uint16{p.http, p.tls, p.other} {
 		ln, err := tproxy.Listen("tcp", addr(port))
 		if err != nil {
@@ -226,9 +231,9 @@ func startSidecar(p ports, policyPath, credPath, upstream, logPath string, publi
 		}
 		count := new(atomic.Int64)
 		sc.accepted[port] = count
-		go sc.proxy.Serve(&countingListener{Listener: ln, n: count})
+		sc.servers.Go(fmt.Sprintf("proxy port %d", port), func() error { return sc.proxy.Serve(&countingListener{Listener: ln, n: count}) }, tproxy.ErrServerClosed)
 	}
-	if sc.health, err = serveHealth(addr(p.health), ca, sc.accepted); err != nil {
+	if sc.health, err = sc.serveHealth(addr(p.health), ca); err != nil {
 		return sc, err
 	}
 	logger.Info("sidecar serving", "policy", policyPath, "credentials", n, "dns", p.dns, "http", p.http, "tls", p.tls, "other", p.other, "health", p.health)
@@ -266,7 +271,7 @@ func (sc *sidecar) stop(ctx context.Context) {
 // serveHealth serves the health port: /healthz, the CA for the sandbox's
 // trust store, and accept counts per port. It is not a data-plane port:
 // nothing here is judged by the policy or logged as a denial.
-func serveHealth(addr string, ca *mitm.CA, accepted map[uint16]*atomic.Int64) (*http.Server, error) {
+func (sc *sidecar) serveHealth(addr string, ca *mitm.CA) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -279,13 +284,13 @@ func serveHealth(addr string, ca *mitm.CA, accepted map[uint16]*atomic.Int64) (*
 	})
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
 		out := map[string]int64{}
-		for port, n := range accepted {
+		for port, n := range sc.accepted {
 			out[strconv.Itoa(int(port))] = n.Load()
 		}
 		json.NewEncoder(w).Encode(map[string]any{"accepted": out})
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
+	sc.servers.Go("health", func() error { return srv.Serve(ln) }, http.ErrServerClosed)
 	return srv, nil
 }
 
