@@ -19,7 +19,7 @@ func TestPolicyAndVaultAgreeOnHosts(t *testing.T) {
 		"api.example.com", "API.Example.COM.", "example.com", "a.b.example.com", "api.example.com.evil.net",
 		"xn--bcher-kva.example", "BÜCHER.example", "_svc.example.net", "svc.example.net", "apiexample.com",
 	}
-	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v")}, make([]byte, vault.KeySize), vault.Options{})
+	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v")}, make([]byte, vault.KeySize), vault.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,10 @@ const (
 	reasonUpstreamError = "upstream: "
 )
 
+// DefaultTimeout bounds, for an Interceptor whose Timeout is zero, the TLS
+// handshake with the sandbox, each request head and each upstream dial.
+const DefaultTimeout = 10 * time.Second
+
 // Interceptor terminates the sandbox's TLS for the hosts it claims, with a
 // leaf from Leaves, and forwards each request over TLS verified against
 // the system roots (or RootCAs) to what the request's host resolves to on
@@ -75,7 +79,7 @@ type Interceptor struct {
 	// interception leaf); nil discards them.
 	Logger *slog.Logger
 	// Timeout bounds the TLS handshake with the sandbox, each request head,
-	// and upstream dials; zero means 10s.
+	// and upstream dials; zero means DefaultTimeout.
 	Timeout time.Duration
 
 	initOnce   sync.Once
@@ -99,7 +103,7 @@ func (i *Interceptor) timeout() time.Duration {
 	if i.Timeout > 0 {
 		return i.Timeout
 	}
-	return 10 * time.Second
+	return DefaultTimeout
 }
 
 func (i *Interceptor) init() {

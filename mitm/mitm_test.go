@@ -105,7 +105,7 @@ func newRig(t testing.TB) *rig {
 	go upSrv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { upSrv.Close() })
 
-	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, make([]byte, vault.KeySize), vault.Options{PlaceholderPrefix: "test"})
+	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, make([]byte, vault.KeySize), vault.Config{PlaceholderPrefix: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@
 //
 // Typical use:
 //
-//	w, err := policy.Watch("/etc/egress/policy.yaml", policy.WatchOptions{Logger: log})
+//	w, err := policy.Watch("/etc/egress/policy.yaml", policy.WatchConfig{Logger: log})
 //	...
 //	d := w.Policy().Decide("api.github.com", 443)
 //	if !d.Allowed {

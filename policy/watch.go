@@ -38,20 +38,25 @@ type Watcher struct {
 	wg        sync.WaitGroup
 }
 
-// WatchOptions configures a Watcher. The zero value is usable.
-type WatchOptions struct {
+// DefaultResync is how often a watched file is read again even without
+// an event, in case one was missed.
+const DefaultResync = 5 * time.Second
+
+// WatchConfig configures a Watcher. The zero value is usable.
+type WatchConfig struct {
 	// Logger receives one line per change of policy; nil discards.
 	Logger *slog.Logger
 	// OnLoad is called after every load that changes the policy, with the
 	// new policy and the load error (nil on success).
 	OnLoad func(*Policy, error)
-	// Resync is the interval of the safety re-read; zero means 5s.
+	// Resync is the interval of the safety re-read; zero means
+	// DefaultResync.
 	Resync time.Duration
 }
 
 // Watch loads the policy file at path and keeps it current until Close.
 // The directory of path must exist; the file need not.
-func Watch(path string, opts WatchOptions) (*Watcher, error) {
+func Watch(path string, cfg WatchConfig) (*Watcher, error) {
 	fsw, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, fmt.Errorf("policy: watch: %w", err)
@@ -62,17 +67,17 @@ func Watch(path string, opts WatchOptions) (*Watcher, error) {
 	}
 	w := &Watcher{
 		path:   path,
-		log:    opts.Logger,
-		onLoad: opts.OnLoad,
+		log:    cfg.Logger,
+		onLoad: cfg.OnLoad,
 		fsw:    fsw,
-		resync: opts.Resync,
+		resync: cfg.Resync,
 		done:   make(chan struct{}),
 	}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
 	if w.resync <= 0 {
-		w.resync = 5 * time.Second
+		w.resync = DefaultResync
 	}
 	w.current.Store(Deny(ReasonFileAbsent))
 	w.reload()

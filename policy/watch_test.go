@@ -24,7 +24,7 @@ func newWatchHarness(t *testing.T) *watchHarness {
 }
 
 func (h *watchHarness) start() {
-	w, err := Watch(h.path, WatchOptions{
+	w, err := Watch(h.path, WatchConfig{
 		Resync: time.Hour, // every change below must arrive through fsnotify
 		OnLoad: func(p *Policy, _ error) { h.loads <- p },
 	})
@@ -172,7 +172,7 @@ func TestWatcherKubernetesSwap(t *testing.T) {
 }
 
 func TestWatchMissingDirectory(t *testing.T) {
-	if _, err := Watch(filepath.Join(t.TempDir(), "no", "such", "policy.yaml"), WatchOptions{}); err == nil {
+	if _, err := Watch(filepath.Join(t.TempDir(), "no", "such", "policy.yaml"), WatchConfig{}); err == nil {
 		t.Fatal("Watch on a missing directory succeeded")
 	}
 }

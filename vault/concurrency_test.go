@@ -29,7 +29,7 @@ func (g *gatedStorage) Save(data []byte) error {
 // stuck: every agent's injection, and every read, goes on meanwhile.
 func TestSlowWriteDoesNotStallInjection(t *testing.T) {
 	st := &gatedStorage{}
-	v, err := Open(st, testKey(1), Options{})
+	v, err := Open(st, testKey(1), Config{})
 	require.NoError(t, err)
 	rule := Rule{Hosts: []string{"api.example.com"}, Header: "Authorization", Template: "Bearer {{.Value}}"}
 	require.NoError(t, v.Set(Secret{Name: "api", Rule: rule}, []byte("v1")))
@@ -64,7 +64,7 @@ func TestSlowWriteDoesNotStallInjection(t *testing.T) {
 // TestReplaceKeepsAConcurrentRule rotates a value while its rule changes:
 // neither change may be lost, whatever the interleaving.
 func TestReplaceKeepsAConcurrentRule(t *testing.T) {
-	v, err := Open(&MemoryStorage{}, testKey(1), Options{})
+	v, err := Open(&MemoryStorage{}, testKey(1), Config{})
 	require.NoError(t, err)
 	require.NoError(t, v.Set(Secret{Name: "tok", Rule: Rule{Hosts: []string{"h0.example.com"}, Header: "Authorization"}}, []byte("value-0")))
 	_, err = v.Attach("a1", "tok", "TOK")
@@ -91,7 +91,7 @@ func TestReplaceKeepsAConcurrentRule(t *testing.T) {
 // TestNotFoundErrors lets callers branch on a missing secret or
 // attachment without reading the message.
 func TestNotFoundErrors(t *testing.T) {
-	v, err := Open(&MemoryStorage{}, testKey(1), Options{})
+	v, err := Open(&MemoryStorage{}, testKey(1), Config{})
 	require.NoError(t, err)
 	for name, err := range map[string]error{
 		"Delete":  v.Delete("none"),

@@ -26,7 +26,7 @@
 // Typical use:
 //
 //	key, err := vault.LoadKeyFile(filepath.Join(dataDir, "master.key"))
-//	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(dataDir, "secrets.json")}, key, vault.Options{PlaceholderPrefix: "agenthold"})
+//	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(dataDir, "secrets.json")}, key, vault.Config{PlaceholderPrefix: "agenthold"})
 //	rule, _ := vault.Preset("github")
 //	err = v.Set(vault.Secret{Name: "github", Rule: rule}, tokenFromStdin)
 //	a, err := v.Attach("agent-1", "github", "GITHUB_TOKEN") // a.Placeholder goes in the sandbox

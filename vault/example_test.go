@@ -10,7 +10,7 @@ import (
 
 func ExampleVault_Inject() {
 	key := make([]byte, vault.KeySize) // in real use: vault.LoadKeyFile or vault.KeyFromEnv
-	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Options{PlaceholderPrefix: "agenthold"})
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{PlaceholderPrefix: "agenthold"})
 	if err != nil {
 		panic(err)
 	}

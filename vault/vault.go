@@ -40,10 +40,13 @@ type Attachment struct {
 	Placeholder string `json:"placeholder"`
 }
 
-// Options configure a Vault.
-type Options struct {
+// DefaultPlaceholderPrefix starts placeholders when Config gives none.
+const DefaultPlaceholderPrefix = "egress"
+
+// Config configures a Vault.
+type Config struct {
 	// PlaceholderPrefix starts every placeholder ("<prefix>-placeholder-…");
-	// "" means "egress".
+	// "" means DefaultPlaceholderPrefix.
 	PlaceholderPrefix string
 	// Now returns the time; nil means time.Now.
 	Now func() time.Time
@@ -55,7 +58,7 @@ type Options struct {
 // state without a lock, and writers, one at a time, publish a new state
 // once it is stored, so that a write's disk I/O never stalls a request.
 type Vault struct {
-	opts  Options
+	cfg   Config
 	store Storage
 
 	writeMu sync.Mutex // serialises writers, across their read, store and publish
@@ -91,11 +94,11 @@ type secretEntry struct {
 // Open loads the vault from st with the master key. Nothing stored yet is
 // an empty vault; a wrong key, or a damaged, truncated or tampered file,
 // is an error, and nothing is loaded.
-func Open(st Storage, key []byte, opts Options) (*Vault, error) {
+func Open(st Storage, key []byte, cfg Config) (*Vault, error) {
 	if len(key) != KeySize {
 		return nil, fmt.Errorf("vault: master key is %d bytes, want %d", len(key), KeySize)
 	}
-	v := &Vault{opts: opts, store: st}
+	v := &Vault{cfg: cfg, store: st}
 	cur := &state{key: slices.Clone(key), secrets: map[string]*secretEntry{}, attach: map[string][]Attachment{}}
 	v.cur.Store(cur)
 	data, err := st.Load()
@@ -126,8 +129,8 @@ func Open(st Storage, key []byte, opts Options) (*Vault, error) {
 }
 
 func (v *Vault) now() time.Time {
-	if v.opts.Now != nil {
-		return v.opts.Now()
+	if v.cfg.Now != nil {
+		return v.cfg.Now()
 	}
 	return time.Now().UTC()
 }
@@ -352,9 +355,9 @@ func (v *Vault) Attachments(agent string) []Attachment {
 }
 
 func (v *Vault) newPlaceholder() string {
-	prefix := v.opts.PlaceholderPrefix
+	prefix := v.cfg.PlaceholderPrefix
 	if prefix == "" {
-		prefix = "egress"
+		prefix = DefaultPlaceholderPrefix
 	}
 	b := make([]byte, 16)
 	rand.Read(b)

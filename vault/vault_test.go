@@ -71,7 +71,7 @@ func testKey(b byte) []byte { return bytes.Repeat([]byte{b}, KeySize) }
 func newVault(t *testing.T) (*Vault, FileStorage) {
 	t.Helper()
 	st := FileStorage{Path: filepath.Join(t.TempDir(), "secrets.json")}
-	v, err := Open(st, testKey(1), Options{PlaceholderPrefix: "agenthold"})
+	v, err := Open(st, testKey(1), Config{PlaceholderPrefix: "agenthold"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestPersistAndReopen(t *testing.T) {
 	if bytes.Contains(data, []byte("ghp_secret1")) {
 		t.Fatal("the value is in the file in clear")
 	}
-	v2, err := Open(st, testKey(1), Options{})
+	v2, err := Open(st, testKey(1), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestWrongKeyAndTampering(t *testing.T) {
 		t.Fatal(err)
 	}
 	good, _ := os.ReadFile(st.Path)
-	if _, err := Open(st, testKey(2), Options{}); err == nil || !strings.Contains(err.Error(), "authentication") {
+	if _, err := Open(st, testKey(2), Config{}); err == nil || !strings.Contains(err.Error(), "authentication") {
 		t.Fatalf("wrong key: %v", err)
 	}
 	// Every single-byte change of the file is refused.
@@ -144,14 +144,14 @@ func TestWrongKeyAndTampering(t *testing.T) {
 		if err := os.WriteFile(st.Path, bad, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Open(st, testKey(1), Options{}); err == nil {
+		if _, err := Open(st, testKey(1), Config{}); err == nil {
 			t.Fatalf("a file changed at byte %d (%q) opened", i, good[i])
 		}
 	}
 	// Truncations too.
 	for _, n := range []int{0, 1, len(good) / 2, len(good) - 2, len(good) - 1} {
 		os.WriteFile(st.Path, good[:n], 0o600)
-		if _, err := Open(st, testKey(1), Options{}); err == nil {
+		if _, err := Open(st, testKey(1), Config{}); err == nil {
 			t.Fatalf("a file truncated to %d bytes opened", n)
 		}
 	}
@@ -186,7 +186,7 @@ func TestSwappedRecords(t *testing.T) {
 				t.Fatal(err)
 			}
 			os.WriteFile(st.Path, out, 0o600)
-			_, err = Open(st, testKey(1), Options{})
+			_, err = Open(st, testKey(1), Config{})
 			if !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "secret \"") {
 				t.Fatalf("Open = %v, want ErrOpen naming the record", err)
 			}
@@ -200,10 +200,10 @@ func TestRotate(t *testing.T) {
 	if err := v.Rotate(testKey(9)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(st, testKey(1), Options{}); err == nil {
+	if _, err := Open(st, testKey(1), Config{}); err == nil {
 		t.Fatal("the old key still opens the vault")
 	}
-	v2, err := Open(st, testKey(9), Options{})
+	v2, err := Open(st, testKey(9), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestCrashLeftovers(t *testing.T) {
 	if err := os.WriteFile(leftover, []byte(`{"format":"egress-vault","vers`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Open(st, testKey(1), Options{}); err != nil {
+	if _, err := Open(st, testKey(1), Config{}); err != nil {
 		t.Fatalf("a partial temporary file broke loading: %v", err)
 	}
 	if _, err := os.Stat(leftover); !errors.Is(err, fs.ErrNotExist) {
@@ -278,7 +278,7 @@ func TestParseKey(t *testing.T) {
 	if _, err := KeyFromEnv("EGRESS_TEST_KEY_UNSET"); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("unset variable: %v", err)
 	}
-	if _, err := Open(FileStorage{Path: "/nonexistent"}, k[:16], Options{}); err == nil {
+	if _, err := Open(FileStorage{Path: "/nonexistent"}, k[:16], Config{}); err == nil {
 		t.Error("Open accepted a short key")
 	}
 }
@@ -453,7 +453,7 @@ func TestSetRuleKeepsValue(t *testing.T) {
 	if err := v.SetRule("k", Rule{Hosts: []string{"b.example"}, Header: "X-Key", Template: "T {{.Value}}"}); err != nil {
 		t.Fatal(err)
 	}
-	v2, err := Open(st, testKey(1), Options{})
+	v2, err := Open(st, testKey(1), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +469,7 @@ func TestSetRuleKeepsValue(t *testing.T) {
 
 func FuzzDecodeDocument(f *testing.F) {
 	st := FileStorage{Path: filepath.Join(f.TempDir(), "v.json")}
-	v, _ := Open(st, testKey(1), Options{})
+	v, _ := Open(st, testKey(1), Config{})
 	v.Set(Secret{Name: "one", Rule: Rule{Hosts: []string{"a.example"}, Header: "X"}}, []byte("v"))
 	v.Attach("a1", "one", "ONE")
 	good, _ := os.ReadFile(st.Path)
@@ -516,7 +516,7 @@ func FuzzTemplate(f *testing.F) {
 
 func BenchmarkInject(b *testing.B) {
 	st := FileStorage{Path: filepath.Join(b.TempDir(), "v.json")}
-	v, _ := Open(st, testKey(1), Options{})
+	v, _ := Open(st, testKey(1), Config{})
 	for _, name := range PresetNames() {
 		r, _ := Preset(name)
 		v.Set(Secret{Name: name, Rule: r}, []byte("sk-0123456789abcdef0123456789abcdef"))
@@ -585,7 +585,7 @@ func TestCovers(t *testing.T) {
 }
 
 func TestAttachPlaceholderAndMemoryStorage(t *testing.T) {
-	v, err := Open(&MemoryStorage{}, testKey(3), Options{})
+	v, err := Open(&MemoryStorage{}, testKey(3), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func (s *server) openVault() error {
 	if err != nil {
 		return err
 	}
-	s.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}, key, vault.Options{PlaceholderPrefix: "agenthold"})
+	s.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}, key, vault.Config{PlaceholderPrefix: "agenthold"})
 	return err
 }
 

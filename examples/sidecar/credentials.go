@@ -41,7 +41,7 @@ func loadCredentials(path string) (*vault.Vault, int, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, 0, err
 	}
-	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Options{PlaceholderPrefix: "sidecar"})
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{PlaceholderPrefix: "sidecar"})
 	clear(key)
 	if err != nil {
 		return nil, 0, err

@@ -178,7 +178,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 			sc.stop(context.Background())
 		}
 	}()
-	if sc.watch, err = policy.Watch(policyPath, policy.WatchOptions{Logger: logger}); err != nil {
+	if sc.watch, err = policy.Watch(policyPath, policy.WatchConfig{Logger: logger}); err != nil {
 		return sc, err
 	}
 	creds, n, err := loadCredentials(credPath)

@@ -23,7 +23,8 @@ import (
 // port and the OpenPorts; anything the gateway would have to forward (UDP
 // other than DNS, ICMP, QUIC) is dropped. IPv4 and IPv6 alike.
 type GatewayRules struct {
-	// Table names the nftables table (family inet); "" means "egress".
+	// Table names the nftables table (family inet); "" means
+	// DefaultTable.
 	Table string
 	// NetNS is the path of the network namespace to install in (such as
 	// /run/netns/gw); "" means the caller's.
@@ -51,14 +52,14 @@ type GatewayRules struct {
 // else leaving the namespace is dropped. Loopback is left alone, so the
 // health port is reachable and never redirected.
 type SidecarRules struct {
-	Table string // "" means "egress"
+	Table string // "" means DefaultTable
 	NetNS string // "" means the caller's
 	// ExemptUID is the proxy's own uid, whose traffic is not redirected;
-	// zero means 1337 (root is never exempt).
+	// zero means DefaultExemptUID (root is never exempt).
 	ExemptUID uint32
 	// DNSPort, HTTPPort (:80), TLSPort (:443) and OtherPort (other TCP) are
-	// the local ports traffic is redirected to; zero means 15053, 15001,
-	// 15002 and 15003.
+	// the local ports traffic is redirected to; zero means DefaultDNSPort,
+	// DefaultHTTPPort, DefaultTLSPort and DefaultOtherPort (the seed's).
 	DNSPort, HTTPPort, TLSPort, OtherPort uint16
 }
 
@@ -74,8 +75,18 @@ type Rules struct {
 	closed bool
 }
 
+// Defaults for the rules' zero fields: the table, and the sidecar seed's
+// ports and uid.
 const (
-	defaultTable  = "egress"
+	DefaultTable     = "egress"
+	DefaultExemptUID = 1337
+	DefaultDNSPort   = 15053
+	DefaultHTTPPort  = 15001
+	DefaultTLSPort   = 15002
+	DefaultOtherPort = 15003
+)
+
+const (
 	chainAgentNAT = "agent_nat"
 	chainAgentIn  = "agent_in"
 )
@@ -86,7 +97,7 @@ func (g GatewayRules) Apply() (*Rules, error) {
 	if !g.NoNetwork && (g.DNSPort == 0 || g.ProxyPort == 0) {
 		return nil, errors.New("nftrules: gateway rules need a DNS port and a proxy port")
 	}
-	r, err := openRules(g.NetNS, orString(g.Table, defaultTable))
+	r, err := openRules(g.NetNS, orString(g.Table, DefaultTable))
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +115,7 @@ func (g GatewayRules) Apply() (*Rules, error) {
 // Apply installs the sidecar rules as one batch, replacing a table of the
 // same name.
 func (sc SidecarRules) Apply() (*Rules, error) {
-	r, err := openRules(sc.NetNS, orString(sc.Table, defaultTable))
+	r, err := openRules(sc.NetNS, orString(sc.Table, DefaultTable))
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +267,7 @@ func (sc SidecarRules) build(r *Rules) {
 	r.replaceTable()
 	uid := sc.ExemptUID
 	if uid == 0 {
-		uid = 1337
+		uid = DefaultExemptUID
 	}
 	port := func(p, def uint16) uint16 {
 		if p != 0 {
@@ -276,12 +287,12 @@ func (sc SidecarRules) build(r *Rules) {
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
 	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: append(exempt, &expr.Verdict{Kind: expr.VerdictReturn})})
 	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: append(loopback, &expr.Verdict{Kind: expr.VerdictReturn})})
-	dns := port(sc.DNSPort, 15053)
+	dns := port(sc.DNSPort, DefaultDNSPort)
 	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_UDP, 53, dns)})
 	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 53, dns)})
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 80, port(sc.HTTPPort, 15001))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 443, port(sc.TLSPort, 15002))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 0, port(sc.OtherPort, 15003))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 80, port(sc.HTTPPort, DefaultHTTPPort))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 443, port(sc.TLSPort, DefaultTLSPort))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: redirectPort(unix.IPPROTO_TCP, 0, port(sc.OtherPort, DefaultOtherPort))})
 
 	accept := nftables.ChainPolicyAccept
 	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
