@@ -52,7 +52,7 @@ func ParseMode(s string) (Mode, error) {
 // Config is a policy before compilation. The zero Config is an allowlist
 // with no entry: it allows nothing.
 type Config struct {
-	Mode  Mode // zero means Allowlist
+	Mode  Mode     // zero means Allowlist
 	Allow []string // allow entries; see New for the forms
 	// AllowPrivateNetworks lets destinations in the private tier (RFC 1918,
 	// unique local IPv6, CGNAT) be dialled. It never lifts the never tier.

@@ -96,7 +96,7 @@ func cmdServe(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	logger.Info("agenthold serving", "admin_socket", cfg.adminSocket(), "proxy_port", cfg.Egress.ProxyPort,
 		"explicit_port", cfg.Egress.ExplicitPort, "dns_port", cfg.Egress.DNSPort, "egress_disabled", cfg.Egress.Disabled)
 	fmt.Println("agenthold: ready") // for scripts that wait
-	<-s.servers.Context().Done() // SIGTERM, or a server failed
+	<-s.servers.Context().Done()    // SIGTERM, or a server failed
 	logger.Info("agenthold stopping: draining, then removing namespaces, links and rules")
 	drain, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()

@@ -31,18 +31,18 @@ import (
 
 // server is agenthold's egress gateway: every building block, composed.
 type server struct {
-	cfg    Config
-	log    *slog.Logger
-	pool4  netip.Prefix
-	pool6  netip.Prefix
-	agents *agents
-	vault  *vault.Vault
-	ca     *mitm.CA
-	guard  *netguard.Guard
-	elog   *egresslog.Log
-	dns    *dnsfilter.Server
-	proxy  *tproxy.Proxy
-	ic     *mitm.Interceptor
+	cfg     Config
+	log     *slog.Logger
+	pool4   netip.Prefix
+	pool6   netip.Prefix
+	agents  *agents
+	vault   *vault.Vault
+	ca      *mitm.CA
+	guard   *netguard.Guard
+	elog    *egresslog.Log
+	dns     *dnsfilter.Server
+	proxy   *tproxy.Proxy
+	ic      *mitm.Interceptor
 	rules   *nftrules.Rules
 	admin   *http.Server
 	metrics *http.Server
