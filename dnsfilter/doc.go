@@ -20,15 +20,17 @@
 // are cached by TTL, concurrent identical queries share one upstream
 // exchange, and every query is recorded in egresslog.
 //
-// Typical use:
+// Typical use (ExampleServer_upstream runs it):
 //
 //	srv := &dnsfilter.Server{
-//		Agents: func(src netip.Addr) (string, *policy.Policy, bool) { return agents.Lookup(src) },
-//		Guard:  guard,
-//		Log:    log,
+//		Agents:    agents.Lookup, // a policy.AgentFunc: source address -> agent, policy
+//		Upstreams: []string{"192.0.2.53:53"},
+//		Guard:     guard,
+//		Log:       log,
 //	}
-//	go srv.ListenAndServe("10.88.0.1:15053")
+//	go srv.Serve(packetConn, listener)
 //	defer srv.Shutdown(ctx)
+//	names := srv.Names("agent-1", addr) // for tproxy
 //
 // dnsfilter does not redirect the sandbox's DNS to itself: tproxy's
 // nftables rules do.

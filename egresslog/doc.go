@@ -11,7 +11,7 @@
 // blocked by its log. Connections that are still open are listed as open
 // ([Log.Begin]) and recorded with their byte counts when they close.
 //
-// Typical use:
+// Typical use (ExampleLog runs it):
 //
 //	sink, _ := egresslog.OpenJSONFile("/var/log/egress.jsonl")
 //	l := &egresslog.Log{Keep: 5000, Sinks: []egresslog.Sink{sink}}

@@ -27,3 +27,21 @@ func ExampleLog() {
 	// denied: exfil.evil.example - no allow entry matches the host
 	// injected: 1
 }
+
+// Following the log: a reader sees new records as they are made, and a
+// connection still open is listed as such until it ends.
+func ExampleLog_Follow() {
+	l := &egresslog.Log{}
+	defer l.Shutdown(context.Background())
+	f := l.Follow(context.Background(), egresslog.Filter{Agent: "a1"}, 16)
+	defer f.Close()
+
+	conn := l.Begin(egresslog.Record{Agent: "a1", Kind: egresslog.KindTLS, Host: "api.github.com", Port: 443, Allowed: true})
+	fmt.Println("open:", len(l.OpenConns("a1")))
+	conn.End(egresslog.Record{Agent: "a1", Kind: egresslog.KindTLS, Host: "api.github.com", Port: 443, Allowed: true, BytesUp: 517, BytesDown: 4096, Reason: "closed"})
+	r := <-f.C
+	fmt.Println("followed:", r.Host, r.BytesUp, r.BytesDown, r.Reason, "| open:", len(l.OpenConns("a1")))
+	// Output:
+	// open: 1
+	// followed: api.github.com 517 4096 closed | open: 0
+}

@@ -21,11 +21,12 @@
 // answers OAuth refresh-token grants so that a rotating refresh token never
 // leaves it.
 //
-// Typical use:
+// Typical use (ExampleInterceptor runs it, with vault, in front of a test
+// server):
 //
 //	ca, err := mitm.LoadOrCreateCA(dataDir+"/egress/ca.crt", dataDir+"/egress/ca.key", "agenthold")
-//	ic := &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Injector: vault, Claim: hasRule, Log: log}
-//	proxy := &tproxy.Proxy{Interceptor: ic, ...}
+//	ic := &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: v.Covers, Injector: v, Log: log}
+//	proxy := &tproxy.Proxy{Interceptor: ic, Guard: guard, Resolver: dns}
 //
 // mitm never sees a secret's value except inside the request the Injector
 // fills, and never records it: records carry the secret's name, and error

@@ -22,7 +22,7 @@
 // everything; a watched file that goes bad after a good load denies
 // everything rather than keeping the old policy.
 //
-// Typical use:
+// Typical use (ExampleWatch runs it):
 //
 //	w, err := policy.Watch("/etc/egress/policy.yaml", policy.WatchConfig{Logger: log})
 //	...

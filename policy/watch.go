@@ -46,8 +46,8 @@ const DefaultResync = 5 * time.Second
 type WatchConfig struct {
 	// Logger receives one line per change of policy; nil discards.
 	Logger *slog.Logger
-	// OnLoad is called after every load that changes the policy, with the
-	// new policy and the load error (nil on success).
+	// OnLoad is called after the first load and every load that changes
+	// the policy, with the new policy and the load error (nil on success).
 	OnLoad func(*Policy, error)
 	// Resync is the interval of the safety re-read; zero means
 	// DefaultResync.

@@ -32,11 +32,13 @@
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.
 //
-// Typical use:
+// Typical use (ExampleProxy_ServeExplicit_allowed runs the explicit
+// half):
 //
-//	p := &tproxy.Proxy{Agents: agents, Names: dns.Names, Guard: guard, Resolver: dns, Log: log}
-//	go p.Serve(transparentListener)
+//	p := &tproxy.Proxy{Agents: agents.Lookup, Names: dns.Names, Guard: guard, Resolver: dns, Interceptor: ic, Log: log}
+//	go p.Serve(transparentListener)   // fed by nftrules
 //	go p.ServeExplicit(explicitListener)
+//	defer p.Shutdown(ctx)
 //
 // TLS that passes through is judged by its server name only: a CDN that
 // routes by the Host inside the TLS (domain fronting) can carry a request

@@ -23,7 +23,7 @@
 // echo service, a debugging endpoint) would show the injected value to
 // the sandbox.
 //
-// Typical use:
+// Typical use (ExampleVault_Inject runs it):
 //
 //	key, err := vault.LoadKeyFile(filepath.Join(dataDir, "master.key"))
 //	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(dataDir, "secrets.json")}, key, vault.Config{PlaceholderPrefix: "agenthold"})

@@ -32,3 +32,29 @@ func ExampleVault_Inject() {
 	// api.openai.com gets "Bearer sk-rea" (secrets used: [openai])
 	// echo.example.com gets "Bearer agenth" (secrets used: [])
 }
+
+// A secret's rule says which hosts it may go to; the gateway intercepts
+// only the TLS an agent's rules cover, and a placeholder sent anywhere
+// else goes out as it is.
+func ExampleVault_Covers() {
+	v, err := vault.Open(&vault.MemoryStorage{}, make([]byte, vault.KeySize), vault.Config{})
+	if err != nil {
+		panic(err)
+	}
+	rule, _ := vault.Preset("github")
+	if err := v.Set(vault.Secret{Name: "gh", Rule: rule}, []byte("ghp_real")); err != nil {
+		panic(err)
+	}
+	if _, err := v.Attach("agent-1", "gh", "GITHUB_TOKEN"); err != nil {
+		panic(err)
+	}
+	for _, host := range []string{"api.github.com", "github.com", "evil.example"} {
+		fmt.Println(host, v.Covers("agent-1", host), v.Covers("agent-2", host))
+	}
+	fmt.Println(v.Set(vault.Secret{Name: "bad", Rule: vault.Rule{Hosts: []string{"https://api.example.com"}, Header: "Authorization"}}, []byte("x")))
+	// Output:
+	// api.github.com true false
+	// github.com false false
+	// evil.example false false
+	// vault: host "https://api.example.com": hosts are names, not URLs (api.example.com, *.example.com)
+}
