@@ -2,6 +2,7 @@ package tproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -94,22 +95,10 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Agent = agent
-	host, dst := httpfwd.HostOnly(r.Host), f.dst
-	if f.explicit {
-		if r.URL.Scheme != "http" || r.URL.Host == "" {
-			refuse(http.StatusBadRequest, "the explicit proxy takes CONNECT or absolute http:// URLs")
-			return
-		}
-		port, err := urlPort(r.URL.Port())
-		if err != nil {
-			refuse(http.StatusBadRequest, err.Error())
-			return
-		}
-		host = r.URL.Hostname()
-		dst = netip.AddrPortFrom(netip.Addr{}, port)
-		if a, err := netguard.ParseLiteral(host); err == nil {
-			dst = netip.AddrPortFrom(a.Unmap(), port)
-		}
+	host, dst, err := httpTarget(r, f)
+	if err != nil {
+		refuse(http.StatusBadRequest, err.Error())
+		return
 	}
 	rec.Host, rec.Port = host, dst.Port()
 	t, d := decide(pol, host, dst)
@@ -143,6 +132,29 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
 	rec.Duration = time.Since(start)
 	p.record(rec)
+}
+
+// httpTarget returns what a plain HTTP request is judged on: for the
+// explicit proxy, its absolute http:// URL's host and port; for a
+// transparent connection, its Host header and the connection's original
+// destination.
+func httpTarget(r *http.Request, f connFacts) (string, netip.AddrPort, error) {
+	if !f.explicit {
+		return httpfwd.HostOnly(r.Host), f.dst, nil
+	}
+	if r.URL.Scheme != "http" || r.URL.Host == "" {
+		return "", netip.AddrPort{}, errors.New("the explicit proxy takes CONNECT or absolute http:// URLs")
+	}
+	port, err := urlPort(r.URL.Port())
+	if err != nil {
+		return "", netip.AddrPort{}, err
+	}
+	host := r.URL.Hostname()
+	dst := netip.AddrPortFrom(netip.Addr{}, port)
+	if a, err := netguard.ParseLiteral(host); err == nil {
+		dst = netip.AddrPortFrom(a.Unmap(), port)
+	}
+	return host, dst, nil
 }
 
 func urlPort(s string) (uint16, error) {
