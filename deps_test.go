@@ -4,6 +4,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const module = "github.com/agenthold/egress"
@@ -32,29 +35,22 @@ var allowedDeps = map[string][]string{
 // what DESIGN.md allows, and none imports an example.
 func TestDependencyGraph(t *testing.T) {
 	out, err := exec.Command("go", "list", "./...").Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
-	}
+	require.NoError(t, err, "go list")
 	present := map[string]bool{}
 	for _, p := range strings.Fields(string(out)) {
 		present[strings.TrimPrefix(p, module+"/")] = true
 	}
 	for pkg := range allowedDeps {
-		if !present[pkg] {
-			t.Errorf("%s is listed in DESIGN.md's graph but is not in the module", pkg)
+		if !assert.True(t, present[pkg], "%s is listed in DESIGN.md's graph but is not in the module", pkg) {
 			continue
 		}
 		t.Run(pkg, func(t *testing.T) {
 			out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./"+pkg).Output()
-			if err != nil {
-				t.Fatalf("go list -deps: %v", err)
-			}
+			require.NoError(t, err, "go list -deps")
 			allowed := closure(pkg)
 			for _, dep := range strings.Fields(string(out)) {
-				if dep == module+"/"+pkg || strings.HasPrefix(dep, "golang.org/x/") || allowedPrefix(dep, allowed) {
-					continue
-				}
-				t.Errorf("%s imports %s, which DESIGN.md does not allow", pkg, dep)
+				ok := dep == module+"/"+pkg || strings.HasPrefix(dep, "golang.org/x/") || allowedPrefix(dep, allowed)
+				assert.True(t, ok, "%s imports %s, which DESIGN.md does not allow", pkg, dep)
 			}
 		})
 	}

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/vault"
 )
@@ -20,29 +23,19 @@ func TestPolicyAndVaultAgreeOnHosts(t *testing.T) {
 		"xn--bcher-kva.example", "BÜCHER.example", "_svc.example.net", "svc.example.net", "apiexample.com",
 	}
 	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v")}, make([]byte, vault.KeySize), vault.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, pattern := range patterns {
 		p, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{pattern + ":*"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := v.Set(vault.Secret{Name: "s", Rule: vault.Rule{Hosts: []string{pattern}, Header: "X-Key"}}, []byte("value")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := v.Attach("a", "s", "S"); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
+		require.NoError(t, v.Set(vault.Secret{Name: "s", Rule: vault.Rule{Hosts: []string{pattern}, Header: "X-Key"}}, []byte("value")))
+		_, err = v.Attach("a", "s", "S")
+		require.NoError(t, err)
 		for _, host := range hosts {
 			req := &http.Request{URL: &url.URL{Scheme: "https", Host: host, Path: "/"}, Host: host, Header: http.Header{}}
 			used, err := v.Inject("a", req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if allowed, injected := p.Decide(host, 443).Allowed, len(used) == 1; allowed != injected {
-				t.Errorf("pattern %q, host %q: policy allows=%v, vault injects=%v", pattern, host, allowed, injected)
-			}
+			require.NoError(t, err)
+			allowed, injected := p.Decide(host, 443).Allowed, len(used) == 1
+			assert.Equal(t, allowed, injected, "pattern %q, host %q: policy allows=%v (expected), vault injects=%v (actual)", pattern, host, allowed, injected)
 		}
 	}
 }

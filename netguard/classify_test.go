@@ -2,8 +2,10 @@ package netguard
 
 import (
 	"net/netip"
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestClassifyRegistry asserts every row of the IANA IPv4 and IPv6
@@ -70,12 +72,8 @@ func TestClassifyRegistry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
 			c := g.Classify(netip.MustParseAddr(tt.addr))
-			if c.Tier != tt.want {
-				t.Errorf("Classify(%s) = %v, want %v", tt.addr, c, tt.want)
-			}
-			if c.Reason == "" {
-				t.Errorf("Classify(%s) has no reason", tt.addr)
-			}
+			assert.Equal(t, tt.want, c.Tier, "Classify(%s) = %v", tt.addr, c)
+			assert.NotEmpty(t, c.Reason, "Classify(%s) has no reason", tt.addr)
 		})
 	}
 }
@@ -107,9 +105,8 @@ func TestClassifyEmbedded(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
 			c := g.Classify(netip.MustParseAddr(tt.addr))
-			if c.Tier != tt.want || !strings.Contains(c.Reason, tt.reasonHint) {
-				t.Errorf("Classify(%s) = %v, want tier %v with reason containing %q", tt.addr, c, tt.want, tt.reasonHint)
-			}
+			assert.Equal(t, tt.want, c.Tier, "Classify(%s) = %v: tier", tt.addr, c)
+			assert.Contains(t, c.Reason, tt.reasonHint, "Classify(%s) = %v: reason", tt.addr, c)
 		})
 	}
 }
@@ -131,9 +128,7 @@ func TestClassifyOperatorPrefixes(t *testing.T) {
 			netip.MustParsePrefix("198.19.0.0/16"),
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	tests := []struct {
 		addr string
 		want Tier
@@ -157,49 +152,39 @@ func TestClassifyOperatorPrefixes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
-			if c := g.Classify(netip.MustParseAddr(tt.addr)); c.Tier != tt.want {
-				t.Errorf("Classify(%s) = %v, want %v", tt.addr, c, tt.want)
-			}
+			c := g.Classify(netip.MustParseAddr(tt.addr))
+			assert.Equal(t, tt.want, c.Tier, "Classify(%s) = %v", tt.addr, c)
 		})
 	}
-	if _, err := New(Config{Public: []netip.Prefix{{}}}); err == nil {
-		t.Error("New accepted an invalid prefix")
-	}
+	_, err = New(Config{Public: []netip.Prefix{{}}})
+	assert.Error(t, err, "New accepted an invalid prefix")
 }
 
 func TestClassifyOwnAddresses(t *testing.T) {
 	g, err := New(Config{Public: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	own := netip.MustParseAddr("198.18.0.2")
-	if c := g.Classify(own); c.Tier != Public {
-		t.Fatalf("before SetOwn: %v", c)
-	}
+	c := g.Classify(own)
+	require.Equal(t, Public, c.Tier, "before SetOwn: %v", c)
 	g.SetOwn([]netip.Prefix{netip.PrefixFrom(own, 32), netip.MustParsePrefix("2001:4860::1/128")})
 	for _, a := range []string{"198.18.0.2", "::ffff:198.18.0.2", "64:ff9b::c612:2", "2001:4860::1"} {
 		c := g.Classify(netip.MustParseAddr(a))
-		if c.Tier != Never || !strings.Contains(c.Reason, "own address") {
-			t.Errorf("Classify(%s) = %v, want never as the gateway's own address", a, c)
-		}
+		assert.Equal(t, Never, c.Tier, "Classify(%s) = %v, want never as the gateway's own address", a, c)
+		assert.Contains(t, c.Reason, "own address", "Classify(%s) = %v, want never as the gateway's own address", a, c)
 	}
-	if c := g.Classify(netip.MustParseAddr("198.18.0.3")); c.Tier != Public {
-		t.Errorf("neighbour of own address: %v", c)
-	}
+	c = g.Classify(netip.MustParseAddr("198.18.0.3"))
+	assert.Equal(t, Public, c.Tier, "neighbour of own address: %v", c)
 	g.SetOwn(nil)
-	if c := g.Classify(own); c.Tier != Public {
-		t.Errorf("after SetOwn(nil): %v", c)
-	}
+	c = g.Classify(own)
+	assert.Equal(t, Public, c.Tier, "after SetOwn(nil): %v", c)
 }
 
 func TestClassifyInvalid(t *testing.T) {
 	var g *Guard // a nil Guard classifies with the built-in table
-	if c := g.Classify(netip.Addr{}); c.Tier != Never {
-		t.Errorf("invalid address: %v", c)
-	}
-	if c := g.Classify(netip.MustParseAddr("1.1.1.1")); c.Tier != Public {
-		t.Errorf("nil guard: %v", c)
-	}
+	c := g.Classify(netip.Addr{})
+	assert.Equal(t, Never, c.Tier, "invalid address: %v", c)
+	c = g.Classify(netip.MustParseAddr("1.1.1.1"))
+	assert.Equal(t, Public, c.Tier, "nil guard: %v", c)
 }
 
 func TestPermits(t *testing.T) {
@@ -215,9 +200,8 @@ func TestPermits(t *testing.T) {
 		{Tier(7), true, false},
 	}
 	for _, tt := range tests {
-		if got := (Class{Tier: tt.tier}).Permits(tt.allowPrivate); got != tt.want {
-			t.Errorf("%v.Permits(%v) = %v, want %v", tt.tier, tt.allowPrivate, got, tt.want)
-		}
+		got := (Class{Tier: tt.tier}).Permits(tt.allowPrivate)
+		assert.Equal(t, tt.want, got, "%v.Permits(%v)", tt.tier, tt.allowPrivate)
 	}
 }
 

@@ -2,12 +2,13 @@ package netguard
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/internal/testkit"
 )
@@ -38,22 +39,17 @@ func TestControlRefusesAtConnect(t *testing.T) {
 	d := net.Dialer{ControlContext: g.Control(true)}
 	_, err := d.DialContext(context.Background(), "tcp", ap.String())
 	var de *DeniedError
-	if !errors.As(err, &de) || !errors.Is(err, ErrDenied) {
-		t.Fatalf("dial loopback through the hook: %v, want a DeniedError", err)
-	}
-	if de.Addr != ap.Addr() || de.Class.Tier != Never || !strings.Contains(err.Error(), "loopback") {
-		t.Errorf("error does not say which address, tier and why: %v", err)
-	}
+	require.ErrorAs(t, err, &de, "dial loopback through the hook: want a DeniedError")
+	require.ErrorIs(t, err, ErrDenied, "dial loopback through the hook: want a DeniedError")
+	assert.Equal(t, ap.Addr(), de.Addr, "error does not say which address: %v", err)
+	assert.Equal(t, Never, de.Class.Tier, "error does not say which tier: %v", err)
+	assert.Contains(t, err.Error(), "loopback", "error does not say why")
 
 	open, err := New(Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	d = net.Dialer{ControlContext: open.Control(false)}
 	c, err := d.DialContext(context.Background(), "tcp", ap.String())
-	if err != nil {
-		t.Fatalf("dial a declared-public loopback: %v", err)
-	}
+	require.NoError(t, err, "dial a declared-public loopback")
 	c.Close()
 }
 
@@ -80,11 +76,9 @@ func TestDialerRebinding(t *testing.T) {
 			c, err := tt.d.DialContext(context.Background(), "tcp", addr)
 			if err == nil {
 				c.Close()
-				t.Fatalf("dial %s succeeded, want an error containing %q", addr, tt.wantErr)
 			}
-			if !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("dial %s: %v, want it to contain %q", addr, err, tt.wantErr)
-			}
+			require.Error(t, err, "dial %s succeeded, want an error containing %q", addr, tt.wantErr)
+			assert.Contains(t, err.Error(), tt.wantErr, "dial %s", addr)
 		})
 	}
 }
@@ -94,44 +88,32 @@ func TestDialerRebinding(t *testing.T) {
 func TestDialerSkipsDenied(t *testing.T) {
 	ap := listen(t, "tcp4", "127.0.0.2:0")
 	g, err := New(Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	d := Dialer{Guard: g, Resolver: testkit.Resolver{"mixed.example": {netip.MustParseAddr("127.0.0.1"), ap.Addr()}}}
 	c, err := d.DialContext(context.Background(), "tcp", "mixed.example:"+strconv.Itoa(int(ap.Port())))
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
+	require.NoError(t, err, "dial")
 	defer c.Close()
-	if got := c.RemoteAddr().(*net.TCPAddr).AddrPort(); got != ap {
-		t.Errorf("connected to %v, want %v", got, ap)
-	}
+	assert.Equal(t, ap, c.RemoteAddr().(*net.TCPAddr).AddrPort(), "connected to the wrong address")
 }
 
 func TestDialerBadInput(t *testing.T) {
 	var d Dialer
 	for _, addr := range []string{"example.com", "example.com:http", "example.com:0", "example.com:70000"} {
-		if _, err := d.DialContext(context.Background(), "tcp", addr); err == nil {
-			t.Errorf("DialContext(%q) succeeded", addr)
-		}
+		_, err := d.DialContext(context.Background(), "tcp", addr)
+		assert.Error(t, err, "DialContext(%q) succeeded", addr)
 	}
-	if _, err := d.DialContext(context.Background(), "udp", "example.com:53"); err == nil {
-		t.Error("DialContext over udp succeeded")
-	}
+	_, err := d.DialContext(context.Background(), "udp", "example.com:53")
+	assert.Error(t, err, "DialContext over udp succeeded")
 }
 
 func TestLocalPrefixes(t *testing.T) {
 	ps, err := LocalPrefixes()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	found := false
 	for _, p := range ps {
 		if p.Addr() == netip.MustParseAddr("127.0.0.1") && p.Bits() == 32 {
 			found = true
 		}
 	}
-	if !found {
-		t.Errorf("LocalPrefixes() = %v, want 127.0.0.1/32 among them", ps)
-	}
+	assert.True(t, found, "LocalPrefixes() = %v, want 127.0.0.1/32 among them", ps)
 }

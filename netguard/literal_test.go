@@ -1,9 +1,11 @@
 package netguard
 
 import (
-	"errors"
 	"net/netip"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParseLiteral(t *testing.T) {
@@ -59,17 +61,13 @@ func TestParseLiteral(t *testing.T) {
 			a, err := ParseLiteral(tt.host)
 			switch {
 			case tt.want != "":
-				if err != nil || a != netip.MustParseAddr(tt.want) {
-					t.Errorf("ParseLiteral(%q) = %v, %v; want %s", tt.host, a, err, tt.want)
-				}
+				assert.NoError(t, err, "ParseLiteral(%q)", tt.host)
+				assert.Equal(t, netip.MustParseAddr(tt.want), a, "ParseLiteral(%q)", tt.host)
 			case tt.name:
-				if !errors.Is(err, ErrNotLiteral) {
-					t.Errorf("ParseLiteral(%q) = %v, %v; want ErrNotLiteral", tt.host, a, err)
-				}
+				assert.ErrorIs(t, err, ErrNotLiteral, "ParseLiteral(%q) = %v", tt.host, a)
 			default:
-				if err == nil || errors.Is(err, ErrNotLiteral) {
-					t.Errorf("ParseLiteral(%q) = %v, %v; want an invalid-literal error", tt.host, a, err)
-				}
+				assert.Error(t, err, "ParseLiteral(%q) = %v; want an invalid-literal error", tt.host, a)
+				assert.NotErrorIs(t, err, ErrNotLiteral, "ParseLiteral(%q) = %v; want an invalid-literal error", tt.host, a)
 			}
 		})
 	}
@@ -81,12 +79,9 @@ func TestLiteralSpellingsClassify(t *testing.T) {
 	var g Guard
 	for _, h := range []string{"2130706433", "0x7f000001", "017700000001", "127.1", "[::ffff:127.0.0.1]", "0177.0.0.1", "0xa9fea9fe", "169.254.43518"} {
 		a, err := ParseLiteral(h)
-		if err != nil {
-			t.Fatalf("ParseLiteral(%q): %v", h, err)
-		}
-		if c := g.Classify(a); c.Tier != Never {
-			t.Errorf("%q classified %v, want never", h, c)
-		}
+		require.NoError(t, err, "ParseLiteral(%q)", h)
+		c := g.Classify(a)
+		assert.Equal(t, Never, c.Tier, "%q classified %v, want never", h, c)
 	}
 }
 
@@ -98,21 +93,16 @@ func FuzzParseLiteral(f *testing.F) {
 	f.Fuzz(func(t *testing.T, host string) {
 		a, err := ParseLiteral(host)
 		if err != nil {
-			if a.IsValid() {
-				t.Fatalf("ParseLiteral(%q) returned an address with an error", host)
-			}
+			require.False(t, a.IsValid(), "ParseLiteral(%q) returned an address with an error", host)
 			return
 		}
-		if !a.IsValid() {
-			t.Fatalf("ParseLiteral(%q) returned no address and no error", host)
-		}
+		require.True(t, a.IsValid(), "ParseLiteral(%q) returned no address and no error", host)
 		// The canonical spelling parses to the same address.
-		if b, err := ParseLiteral(a.String()); err != nil || b != a {
-			t.Fatalf("canonical form %q of %q parses to %v, %v", a, host, b, err)
-		}
-		if c := g.Classify(a); c.Reason == "" {
-			t.Fatalf("no reason for %v", a)
-		}
+		b, err := ParseLiteral(a.String())
+		require.NoError(t, err, "canonical form %q of %q", a, host)
+		require.Equal(t, a, b, "canonical form %q of %q", a, host)
+		c := g.Classify(a)
+		require.NotEmpty(t, c.Reason, "no reason for %v", a)
 	})
 }
 
@@ -127,20 +117,17 @@ func FuzzClassify(f *testing.F) {
 			return
 		}
 		c := g.Classify(a)
-		if c.Reason == "" || c.Tier > Public {
-			t.Fatalf("Classify(%v) = %v", a, c)
-		}
+		require.NotEmpty(t, c.Reason, "Classify(%v) = %v", a, c)
+		require.LessOrEqual(t, c.Tier, Public, "Classify(%v) = %v", a, c)
 		// Mapping an IPv4 address into IPv6 never changes its class.
 		if a.Is4() {
-			if m := g.Classify(netip.AddrFrom16(a.As16())); m != c {
-				t.Fatalf("Classify(%v) = %v but its mapped form = %v", a, c, m)
-			}
+			m := g.Classify(netip.AddrFrom16(a.As16()))
+			require.Equal(t, c, m, "Classify(%v) = %v but its mapped form = %v", a, c, m)
 			// NAT64 of a non-public address is never more permissive.
 			b16 := a.As4()
 			nat := netip.AddrFrom16([16]byte{0, 0x64, 0xff, 0x9b, 12: b16[0], 13: b16[1], 14: b16[2], 15: b16[3]})
-			if n := g.Classify(nat); n.Tier > c.Tier {
-				t.Fatalf("NAT64 %v = %v is laxer than %v = %v", nat, n, a, c)
-			}
+			n := g.Classify(nat)
+			require.LessOrEqual(t, n.Tier, c.Tier, "NAT64 %v = %v is laxer than %v = %v", nat, n, a, c)
 		}
 	})
 }

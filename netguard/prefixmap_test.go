@@ -4,6 +4,9 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // naiveLookup is the obvious longest-prefix match that PrefixMap must agree
@@ -67,9 +70,8 @@ func TestPrefixMapMatchesNaive(t *testing.T) {
 				probe := func(a netip.Addr) {
 					got, gok := m.Lookup(a)
 					want, wok := naiveLookup(entries, merge, a)
-					if got != want || gok != wok {
-						t.Fatalf("round %d: Lookup(%v) = %d,%v; want %d,%v", round, a, got, gok, want, wok)
-					}
+					require.Equal(t, want, got, "round %d: Lookup(%v) value", round, a)
+					require.Equal(t, wok, gok, "round %d: Lookup(%v) found", round, a)
 				}
 				for _, e := range entries {
 					p, _ := canonicalPrefix(e.Prefix)
@@ -105,17 +107,15 @@ func TestPrefixMapEdges(t *testing.T) {
 		{"255.255.255.254", "all6"}, {"10.1.2.3", "ten"}, {"::ffff:10.1.2.3", "ten"}, {"11.0.0.0", "all6"},
 	}
 	for _, tt := range tests {
-		if got, ok := m.Lookup(netip.MustParseAddr(tt.addr)); !ok || got != tt.want {
-			t.Errorf("Lookup(%s) = %q,%v; want %q", tt.addr, got, ok, tt.want)
-		}
+		got, ok := m.Lookup(netip.MustParseAddr(tt.addr))
+		assert.True(t, ok, "Lookup(%s) found nothing", tt.addr)
+		assert.Equal(t, tt.want, got, "Lookup(%s)", tt.addr)
 	}
 	var empty *PrefixMap[int]
-	if _, ok := empty.Lookup(netip.MustParseAddr("1.1.1.1")); ok {
-		t.Error("nil map found a value")
-	}
-	if _, ok := m.Lookup(netip.Addr{}); ok {
-		t.Error("invalid address found a value")
-	}
+	_, ok := empty.Lookup(netip.MustParseAddr("1.1.1.1"))
+	assert.False(t, ok, "nil map found a value")
+	_, ok = m.Lookup(netip.Addr{})
+	assert.False(t, ok, "invalid address found a value")
 }
 
 func lastAddr(p netip.Prefix) netip.Addr {

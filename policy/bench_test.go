@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // bigPolicy has 10,000 entries: 6,000 names, 2,000 wildcards and 2,000
@@ -23,12 +25,8 @@ func bigPolicy(b *testing.B) *Policy {
 		allow = append(allow, fmt.Sprintf("%s:443", p))
 	}
 	p, err := New(Config{Mode: Allowlist, Allow: allow})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if p.Len() != 10000 {
-		b.Fatalf("policy has %d entries", p.Len())
-	}
+	require.NoError(b, err)
+	require.Equal(b, 10000, p.Len(), "policy entries")
 	return p
 }
 
@@ -49,9 +47,8 @@ func BenchmarkDecide10k(b *testing.B) {
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			if d := p.Decide(c.host, c.port); d.Allowed != c.allow {
-				b.Fatalf("Decide(%q) = %+v, want allowed=%v", c.host, d, c.allow)
-			}
+			d := p.Decide(c.host, c.port)
+			require.Equal(b, c.allow, d.Allowed, "Decide(%q) = %+v", c.host, d)
 			b.ReportAllocs()
 			for b.Loop() {
 				p.Decide(c.host, c.port)

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParse(t *testing.T) {
@@ -42,21 +45,15 @@ func TestParse(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p, err := Parse([]byte(tt.doc))
-			if p == nil {
-				t.Fatal("Parse returned a nil policy")
+			require.NotNil(t, p, "Parse returned a nil policy")
+			if tt.wantErr == "" {
+				require.NoError(t, err, "Parse")
+			} else {
+				require.ErrorContains(t, err, tt.wantErr, "Parse")
 			}
-			if tt.wantErr == "" && err != nil {
-				t.Fatalf("Parse: %v", err)
-			}
-			if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
-				t.Fatalf("Parse: %v, want an error containing %q", err, tt.wantErr)
-			}
-			if got := p.DenyReason(); got != tt.denyReason {
-				t.Errorf("DenyReason() = %q, want %q", got, tt.denyReason)
-			}
-			if d := p.Decide("github.com", 443); d.Allowed != tt.github443 {
-				t.Errorf("Decide(github.com, 443) = %+v, want allowed=%v", d, tt.github443)
-			}
+			assert.Equal(t, tt.denyReason, p.DenyReason(), "DenyReason()")
+			d := p.Decide("github.com", 443)
+			assert.Equal(t, tt.github443, d.Allowed, "Decide(github.com, 443) = %+v", d)
 		})
 	}
 }
@@ -67,39 +64,29 @@ func TestParsePrivateNetworks(t *testing.T) {
 		"enforce: true\nallowOut: ['*']\nallowPrivateNetworks: true\n",
 	} {
 		p, err := Parse([]byte(doc))
-		if err != nil || !p.AllowPrivateNetworks() {
-			t.Errorf("Parse(%q): private=%v, %v", doc, p.AllowPrivateNetworks(), err)
-		}
+		assert.NoError(t, err, "Parse(%q)", doc)
+		assert.True(t, p.AllowPrivateNetworks(), "Parse(%q): private networks not allowed", doc)
 	}
 	p, err := Parse([]byte("enforce: true\nallowOut: ['*']\n"))
-	if err != nil || p.AllowPrivateNetworks() {
-		t.Errorf("private networks allowed without the switch: %v", err)
-	}
+	assert.NoError(t, err, "Parse without the switch")
+	assert.False(t, p.AllowPrivateNetworks(), "private networks allowed without the switch")
 }
 
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	p, err := Load(filepath.Join(dir, "absent.yaml"))
-	if err == nil || p.DenyReason() != ReasonFileAbsent {
-		t.Errorf("absent file: %v, %q", err, p.DenyReason())
-	}
+	assert.Error(t, err, "absent file")
+	assert.Equal(t, ReasonFileAbsent, p.DenyReason(), "absent file")
 	p, err = Load(dir) // a directory cannot be read as a file
-	if err == nil || p.DenyReason() != ReasonFileUnread {
-		t.Errorf("directory: %v, %q", err, p.DenyReason())
-	}
+	assert.Error(t, err, "directory")
+	assert.Equal(t, ReasonFileUnread, p.DenyReason(), "directory")
 	path := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(path, []byte("enforce: true\nallowOut: [github.com]\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(path, []byte("enforce: true\nallowOut: [github.com]\n"), 0o600))
 	p, err = Load(path)
-	if err != nil || !p.Decide("github.com", 443).Allowed {
-		t.Errorf("good file: %v", err)
-	}
-	if err := os.WriteFile(path, []byte("enforce: [\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	assert.NoError(t, err, "good file")
+	assert.True(t, p.Decide("github.com", 443).Allowed, "good file: github.com:443 not allowed")
+	require.NoError(t, os.WriteFile(path, []byte("enforce: [\n"), 0o600))
 	p, err = Load(path)
-	if err == nil || !strings.Contains(err.Error(), path) || p.DenyReason() != ReasonFileInvalid {
-		t.Errorf("bad file: %v, %q", err, p.DenyReason())
-	}
+	assert.ErrorContains(t, err, path, "bad file: the error names the file")
+	assert.Equal(t, ReasonFileInvalid, p.DenyReason(), "bad file")
 }

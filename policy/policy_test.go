@@ -1,11 +1,13 @@
 package policy
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestNormalizeName(t *testing.T) {
@@ -49,14 +51,11 @@ func TestNormalizeName(t *testing.T) {
 		t.Run(tt.in, func(t *testing.T) {
 			got, err := NormalizeName(tt.in)
 			if tt.want == "" {
-				if err == nil {
-					t.Errorf("NormalizeName(%q) = %q, want an error", tt.in, got)
-				}
+				assert.Error(t, err, "NormalizeName(%q) = %q, want an error", tt.in, got)
 				return
 			}
-			if err != nil || got != tt.want {
-				t.Errorf("NormalizeName(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
-			}
+			assert.NoError(t, err, "NormalizeName(%q)", tt.in)
+			assert.Equal(t, tt.want, got, "NormalizeName(%q)", tt.in)
 		})
 	}
 }
@@ -94,30 +93,23 @@ func TestEntryErrors(t *testing.T) {
 		t.Run(tt.entry, func(t *testing.T) {
 			_, err := New(Config{Mode: Allowlist, Allow: []string{"github.com", tt.entry}})
 			var ee *EntryError
-			if !errors.As(err, &ee) {
-				t.Fatalf("New with %q: %v, want an EntryError", tt.entry, err)
-			}
-			if ee.Entry != tt.entry || !strings.Contains(err.Error(), tt.why) {
-				t.Errorf("New with %q: %v, want it to name the entry and say %q", tt.entry, err, tt.why)
-			}
+			require.ErrorAs(t, err, &ee, "New with %q: want an EntryError", tt.entry)
+			assert.Equal(t, tt.entry, ee.Entry, "New with %q: %v, want it to name the entry", tt.entry, err)
+			assert.Contains(t, err.Error(), tt.why, "New with %q", tt.entry)
 		})
 	}
 	// Every bad entry is reported, not only the first.
 	_, err := New(Config{Mode: Allowlist, Allow: []string{"*.com", "ok.example", "x:0"}})
-	if err == nil || !strings.Contains(err.Error(), `"*.com"`) || !strings.Contains(err.Error(), `"x:0"`) {
-		t.Errorf("two bad entries: %v", err)
-	}
-	if _, err := New(Config{Mode: Mode(9)}); err == nil {
-		t.Error("New accepted an unknown mode")
-	}
+	assert.ErrorContains(t, err, `"*.com"`, "two bad entries")
+	assert.ErrorContains(t, err, `"x:0"`, "two bad entries")
+	_, err = New(Config{Mode: Mode(9)})
+	assert.Error(t, err, "New accepted an unknown mode")
 }
 
 func mustNew(t testing.TB, cfg Config) *Policy {
 	t.Helper()
 	p, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return p
 }
 
@@ -187,9 +179,11 @@ func TestDecide(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s:%d", tt.host, tt.port), func(t *testing.T) {
 			d := p.Decide(tt.host, tt.port)
-			if d.Allowed != tt.allow || d.Rule != tt.rule || d.Reason != tt.reason || d.Report {
-				t.Errorf("Decide(%q, %d) = %+v, want allowed=%v rule=%q reason=%q", tt.host, tt.port, d, tt.allow, tt.rule, tt.reason)
-			}
+			msg := fmt.Sprintf("Decide(%q, %d) = %+v", tt.host, tt.port, d)
+			assert.Equal(t, tt.allow, d.Allowed, msg)
+			assert.Equal(t, tt.rule, d.Rule, msg)
+			assert.Equal(t, tt.reason, d.Reason, msg)
+			assert.False(t, d.Report, msg)
 		})
 	}
 }
@@ -230,34 +224,32 @@ func TestDecideModes(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := tt.p.Decide(tt.host, tt.port)
-			if d.Allowed != tt.allow || d.Report != tt.report || (tt.reason != "" && d.Reason != tt.reason) {
-				t.Errorf("Decide(%q, %d) = %+v, want allowed=%v report=%v reason=%q", tt.host, tt.port, d, tt.allow, tt.report, tt.reason)
+			msg := fmt.Sprintf("Decide(%q, %d) = %+v", tt.host, tt.port, d)
+			assert.Equal(t, tt.allow, d.Allowed, msg)
+			assert.Equal(t, tt.report, d.Report, msg)
+			if tt.reason != "" {
+				assert.Equal(t, tt.reason, d.Reason, msg)
 			}
 		})
 	}
-	if (Decision{}).Allowed {
-		t.Error("the zero Decision allows")
-	}
-	if d := open.DecideAddr(netip.Addr{}, 443); d.Allowed {
-		t.Errorf("open policy allowed the invalid address: %+v", d)
-	}
-	if nilPolicy.AllowPrivateNetworks() || nilPolicy.Mode() != DenyAll || nilPolicy.DenyReason() == "" {
-		t.Error("a nil policy is not deny-all")
-	}
-	if !mustNew(t, Config{Mode: Open, AllowPrivateNetworks: true}).AllowPrivateNetworks() {
-		t.Error("AllowPrivateNetworks lost")
-	}
+	assert.False(t, (Decision{}).Allowed, "the zero Decision allows")
+	d := open.DecideAddr(netip.Addr{}, 443)
+	assert.False(t, d.Allowed, "open policy allowed the invalid address: %+v", d)
+	assert.False(t, nilPolicy.AllowPrivateNetworks(), "a nil policy is not deny-all: it allows private networks")
+	assert.Equal(t, DenyAll, nilPolicy.Mode(), "a nil policy is not deny-all")
+	assert.NotEmpty(t, nilPolicy.DenyReason(), "a nil policy is not deny-all: it gives no deny reason")
+	assert.True(t, mustNew(t, Config{Mode: Open, AllowPrivateNetworks: true}).AllowPrivateNetworks(), "AllowPrivateNetworks lost")
 }
 
 func TestParseMode(t *testing.T) {
 	for in, want := range map[string]Mode{"open": Open, "Allowlist": Allowlist, "deny": DenyAll, "deny-all": DenyAll} {
-		if m, err := ParseMode(in); err != nil || m != want {
-			t.Errorf("ParseMode(%q) = %v, %v", in, m, err)
-		}
+		m, err := ParseMode(in)
+		assert.NoError(t, err, "ParseMode(%q)", in)
+		assert.Equal(t, want, m, "ParseMode(%q)", in)
 	}
-	if m, err := ParseMode("allow-all"); err == nil || m != DenyAll {
-		t.Errorf("ParseMode(allow-all) = %v, %v; want an error and DenyAll", m, err)
-	}
+	m, err := ParseMode("allow-all")
+	assert.Error(t, err, "ParseMode(allow-all): want an error and DenyAll")
+	assert.Equal(t, DenyAll, m, "ParseMode(allow-all): want an error and DenyAll")
 }
 
 func FuzzEntry(f *testing.F) {
@@ -268,34 +260,28 @@ func FuzzEntry(f *testing.F) {
 		e, err := compileEntry(s)
 		if err != nil {
 			var ee *EntryError
-			if !errors.As(err, &ee) || ee.Reason == "" {
-				t.Fatalf("compileEntry(%q): %v is not an EntryError with a reason", s, err)
-			}
+			require.ErrorAs(t, err, &ee, "compileEntry(%q): %v is not an EntryError with a reason", s, err)
+			require.NotEmpty(t, ee.Reason, "compileEntry(%q): %v is not an EntryError with a reason", s, err)
 			return
 		}
-		if len(e.rule.ports) == 0 || e.rule.text == "" {
-			t.Fatalf("compileEntry(%q) = %+v: no ports or text", s, e)
-		}
+		require.NotEmpty(t, e.rule.ports, "compileEntry(%q) = %+v: no ports or text", s, e)
+		require.NotEmpty(t, e.rule.text, "compileEntry(%q) = %+v: no ports or text", s, e)
 		p, err := New(Config{Mode: Allowlist, Allow: []string{s}})
-		if err != nil {
-			t.Fatalf("New with accepted entry %q: %v", s, err)
-		}
+		require.NoError(t, err, "New with accepted entry %q", s)
 		switch e.kind {
 		case kindName:
-			if d := p.Decide(e.name, port); d.Allowed != e.rule.allowsPort(port) {
-				t.Fatalf("entry %q, Decide(%q, %d) = %+v", s, e.name, port, d)
-			}
-			if d := p.Decide("sub."+e.name, port); d.Allowed && len(e.name) < 250 {
-				t.Fatalf("exact entry %q allowed a subdomain: %+v", s, d)
+			d := p.Decide(e.name, port)
+			require.Equal(t, e.rule.allowsPort(port), d.Allowed, "entry %q, Decide(%q, %d) = %+v", s, e.name, port, d)
+			d = p.Decide("sub."+e.name, port)
+			if len(e.name) < 250 {
+				require.False(t, d.Allowed, "exact entry %q allowed a subdomain: %+v", s, d)
 			}
 		case kindWildcard:
-			if d := p.Decide(e.name, port); d.Allowed {
-				t.Fatalf("wildcard %q allowed its apex: %+v", s, d)
-			}
+			d := p.Decide(e.name, port)
+			require.False(t, d.Allowed, "wildcard %q allowed its apex: %+v", s, d)
 		case kindPrefix:
-			if d := p.DecideAddr(e.prefix.Addr(), port); d.Allowed != e.rule.allowsPort(port) {
-				t.Fatalf("entry %q, DecideAddr(%v, %d) = %+v", s, e.prefix.Addr(), port, d)
-			}
+			d := p.DecideAddr(e.prefix.Addr(), port)
+			require.Equal(t, e.rule.allowsPort(port), d.Allowed, "entry %q, DecideAddr(%v, %d) = %+v", s, e.prefix.Addr(), port, d)
 		}
 	})
 }
@@ -310,12 +296,12 @@ func FuzzNormalizeName(f *testing.F) {
 			return
 		}
 		// Canonical names are fixed points, and valid.
-		if n2, err := NormalizeName(n); err != nil || n2 != n {
-			t.Fatalf("NormalizeName(%q) = %q, but NormalizeName(%q) = %q, %v", s, n, n, n2, err)
-		}
-		if len(n) > 253 || strings.ToLower(n) != n || strings.HasSuffix(n, ".") {
-			t.Fatalf("NormalizeName(%q) = %q is not canonical", s, n)
-		}
+		n2, err := NormalizeName(n)
+		require.NoError(t, err, "NormalizeName(%q) = %q, but NormalizeName(%q) fails", s, n, n)
+		require.Equal(t, n, n2, "NormalizeName(%q) = %q, but NormalizeName(%q) differs", s, n, n)
+		require.LessOrEqual(t, len(n), 253, "NormalizeName(%q) = %q is not canonical: too long", s, n)
+		require.Equal(t, strings.ToLower(n), n, "NormalizeName(%q) = %q is not canonical: not lower case", s, n)
+		require.False(t, strings.HasSuffix(n, "."), "NormalizeName(%q) = %q is not canonical: trailing dot", s, n)
 	})
 }
 
@@ -336,14 +322,12 @@ func TestDecideName(t *testing.T) {
 	}
 	for _, tt := range tests {
 		d := p.DecideName(tt.host)
-		if d.Allowed != tt.allow || d.Rule != tt.rule {
-			t.Errorf("DecideName(%q) = %+v, want allowed=%v rule=%q", tt.host, d, tt.allow, tt.rule)
-		}
+		assert.Equal(t, tt.allow, d.Allowed, "DecideName(%q) = %+v", tt.host, d)
+		assert.Equal(t, tt.rule, d.Rule, "DecideName(%q) = %+v", tt.host, d)
 	}
-	if d := Deny("policy file absent").DecideName("github.com"); d.Allowed || d.Reason != "policy file absent" {
-		t.Errorf("deny-all DecideName = %+v", d)
-	}
-	if d := mustNew(t, Config{Mode: Open}).DecideName("anything.example"); !d.Allowed {
-		t.Errorf("open DecideName = %+v", d)
-	}
+	d := Deny("policy file absent").DecideName("github.com")
+	assert.False(t, d.Allowed, "deny-all DecideName = %+v", d)
+	assert.Equal(t, "policy file absent", d.Reason, "deny-all DecideName = %+v", d)
+	d = mustNew(t, Config{Mode: Open}).DecideName("anything.example")
+	assert.True(t, d.Allowed, "open DecideName = %+v", d)
 }

@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // watchHarness starts a Watcher on a file in a fresh directory and lets a
@@ -28,18 +31,14 @@ func (h *watchHarness) start() {
 		Resync: time.Hour, // every change below must arrive through fsnotify
 		OnLoad: func(p *Policy, _ error) { h.loads <- p },
 	})
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	require.NoError(h.t, err)
 	h.w = w
 	h.t.Cleanup(func() { w.Close() })
 }
 
 func (h *watchHarness) write(content string) {
 	h.t.Helper()
-	if err := os.WriteFile(h.path, []byte(content), 0o600); err != nil {
-		h.t.Fatal(err)
-	}
+	require.NoError(h.t, os.WriteFile(h.path, []byte(content), 0o600))
 }
 
 // await waits until the current policy allows github.com:443 or not, and
@@ -55,7 +54,8 @@ func (h *watchHarness) await(step string, allowed bool, denyReason string) {
 		select {
 		case <-h.loads:
 		case <-deadline:
-			h.t.Fatalf("%s: policy allows=%v deny reason %q; want allows=%v reason %q",
+			require.Failf(h.t, "the policy did not reach the expected state in time",
+				"%s: policy allows=%v deny reason %q; want allows=%v reason %q",
 				step, p.Decide("github.com", 443).Allowed, p.DenyReason(), allowed, denyReason)
 		}
 	}
@@ -95,9 +95,7 @@ func TestWatcherFailClosedSteps(t *testing.T) {
 	h.write(goodPolicy)
 	h.await("restored", true, "")
 
-	if err := os.Remove(h.path); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Remove(h.path))
 	h.await("deleted", false, ReasonFileAbsent)
 
 	h.write(goodPolicy)
@@ -109,9 +107,7 @@ func TestWatcherStartsWithGoodFile(t *testing.T) {
 	h.write(goodPolicy)
 	h.start()
 	// The first load happens before Watch returns.
-	if !h.w.Policy().Decide("github.com", 443).Allowed {
-		t.Fatal("policy not loaded when Watch returned")
-	}
+	assert.True(t, h.w.Policy().Decide("github.com", 443).Allowed, "policy not loaded when Watch returned")
 }
 
 // TestWatcherRenameOver follows an atomic replace: write a temp file, then
@@ -121,12 +117,8 @@ func TestWatcherRenameOver(t *testing.T) {
 	h.write(goodPolicy)
 	h.start()
 	tmp := filepath.Join(h.dir, ".policy.tmp")
-	if err := os.WriteFile(tmp, []byte(otherPolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, h.path); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(tmp, []byte(otherPolicy), 0o600))
+	require.NoError(t, os.Rename(tmp, h.path))
 	h.await("renamed over", false, "")
 }
 
@@ -138,27 +130,17 @@ func TestWatcherKubernetesSwap(t *testing.T) {
 	h := newWatchHarness(t)
 	mkVersion := func(name, content string) {
 		dir := filepath.Join(h.dir, name)
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.Mkdir(dir, 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(content), 0o600))
 	}
 	swapData := func(target string) {
 		tmp := filepath.Join(h.dir, "..data_tmp")
-		if err := os.Symlink(target, tmp); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, filepath.Join(h.dir, "..data")); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.Symlink(target, tmp))
+		require.NoError(t, os.Rename(tmp, filepath.Join(h.dir, "..data")))
 	}
 	mkVersion("..2026_01", goodPolicy)
 	swapData("..2026_01")
-	if err := os.Symlink("..data/policy.yaml", h.path); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Symlink("..data/policy.yaml", h.path))
 	h.start()
 	h.await("initial", true, "")
 
@@ -172,7 +154,6 @@ func TestWatcherKubernetesSwap(t *testing.T) {
 }
 
 func TestWatchMissingDirectory(t *testing.T) {
-	if _, err := Watch(filepath.Join(t.TempDir(), "no", "such", "policy.yaml"), WatchConfig{}); err == nil {
-		t.Fatal("Watch on a missing directory succeeded")
-	}
+	_, err := Watch(filepath.Join(t.TempDir(), "no", "such", "policy.yaml"), WatchConfig{})
+	assert.Error(t, err, "Watch on a missing directory succeeded")
 }

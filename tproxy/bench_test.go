@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -29,13 +32,9 @@ import (
 func benchProxy(b *testing.B, dst netip.AddrPort) string {
 	b.Helper()
 	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"bench.test:*"}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	p := &Proxy{
 		Agents:           func(netip.Addr) (string, *policy.Policy, bool) { return "bench", pol, true },
 		Names:            func(string, netip.Addr) []string { return []string{"bench.test"} },
@@ -46,9 +45,7 @@ func benchProxy(b *testing.B, dst netip.AddrPort) string {
 		MaxConnsPerAgent: 1 << 20,
 	}
 	ln, err := Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	go p.Serve(ln)
 	b.Cleanup(func() { p.Close() })
 	return ln.Addr().String()
@@ -90,8 +87,7 @@ func BenchmarkBulkThroughput(b *testing.B) {
 				go func() {
 					defer wg.Done()
 					c, err := net.Dial("tcp", addr)
-					if err != nil {
-						b.Error(err)
+					if !assert.NoError(b, err) { // not the benchmark's goroutine: no FailNow
 						return
 					}
 					defer c.Close()
@@ -101,9 +97,8 @@ func BenchmarkBulkThroughput(b *testing.B) {
 					// Read as a downloader does, in large buffers, so the
 					// client's own system calls do not swamp the figure.
 					n, err := io.CopyBuffer(struct{ io.Writer }{io.Discard}, c, make([]byte, 256<<10))
-					if err != nil || n != int64(mib)<<20 {
-						b.Errorf("received %d bytes: %v", n, err)
-					}
+					assert.NoError(b, err, "received %d bytes", n)
+					assert.Equal(b, int64(mib)<<20, n, "bytes received")
 				}()
 			}
 			wg.Wait()
@@ -164,14 +159,12 @@ func BenchmarkNewConnections(b *testing.B) {
 				buf := make([]byte, 1)
 				for next.Add(1) <= int64(n) {
 					c, err := net.Dial("tcp", addr)
-					if err != nil {
-						b.Error(err)
+					if !assert.NoError(b, err) { // not the benchmark's goroutine: no FailNow
 						return
 					}
 					c.Write([]byte("x"))
-					if _, err := io.ReadFull(c, buf); err != nil {
-						b.Error(err)
-					}
+					_, err = io.ReadFull(c, buf)
+					assert.NoError(b, err)
 					c.Close()
 				}
 			}()
@@ -201,15 +194,15 @@ func BenchmarkLatency(b *testing.B) {
 	proxy := benchProxy(b, up)
 	run := func(addr string) time.Duration {
 		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		defer c.Close()
 		buf := []byte{'x'}
 		rtts := make([]time.Duration, 0, b.N)
 		for i := 0; i < b.N+100; i++ {
 			start := time.Now()
 			c.Write(buf)
+			// b.Fatal, not require: this is inside the timed round trip,
+			// and require calls b.Helper (a lock and a stack walk) each time.
 			if _, err := io.ReadFull(c, buf); err != nil {
 				b.Fatal(err)
 			}
@@ -253,9 +246,7 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 		held.Add(b.N)
 		for i := 0; i < b.N; i++ {
 			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				b.Fatalf("connection %d: %v", i, err)
-			}
+			require.NoError(b, err, "connection %d", i)
 			c.Write([]byte("x")) // commit to other TCP, then idle
 			conns = append(conns, c)
 		}
@@ -334,6 +325,7 @@ func BenchmarkServerFirstBanner(b *testing.B) {
 		out := make([]time.Duration, 0, n)
 		for range n {
 			start := time.Now()
+			// b.Fatal, not require, inside the timed span: see BenchmarkLatency.
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
 				b.Fatal(err)

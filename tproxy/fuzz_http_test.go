@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/agenthold/egress/policy"
 )
 
@@ -31,9 +33,7 @@ func FuzzRequestHead(f *testing.F) {
 		f.Add([]byte(s), false)
 	}
 	pol, err := policy.New(policy.Config{Allow: []string{"allowed.test:*", "203.0.113.7"}})
-	if err != nil {
-		f.Fatal(err)
-	}
+	require.NoError(f, err)
 	origDst := netip.MustParseAddrPort("198.51.100.1:80")
 	f.Fuzz(func(t *testing.T, head []byte, explicit bool) {
 		r, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))

@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 
@@ -60,13 +62,9 @@ func TestGatewayHelper(t *testing.T) {
 		t.Skip("the gateway process of TestGatewayInNamespaces; not run on its own")
 	}
 	var cfg gatewayConfig
-	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, json.Unmarshal([]byte(raw), &cfg))
 	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: cfg.Allow})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	agents := map[netip.Addr]bool{}
 	for _, a := range cfg.AgentAddrs {
 		agents[netip.MustParseAddr(a)] = true
@@ -77,27 +75,19 @@ func TestGatewayHelper(t *testing.T) {
 	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{
 		netip.MustParsePrefix("198.18.0.0/15"), netip.MustParsePrefix("fd00::/8"),
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	sink, err := egresslog.OpenJSONFile(cfg.Records)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	elog := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
 	rules, err := nftrules.GatewayRules{Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer rules.Close()
 	dnsSrv := &dnsfilter.Server{Agents: agentFunc, Upstreams: []string{cfg.Upstream}, Guard: guard, Log: elog}
 	go dnsSrv.ListenAndServe(fmt.Sprintf(":%d", gwDNSPort))
 	p := &Proxy{Agents: agentFunc, Names: dnsSrv.Names, Guard: guard, Resolver: dnsSrv, Log: elog, HelloTimeout: 2 * time.Second}
 	for port, serve := range map[int]func(net.Listener) error{gwProxyPort: p.Serve, gwExplicitPort: p.ServeExplicit, gwClosedPort: serveOpen} {
 		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		go serve(ln)
 	}
 	fmt.Println("READY")
@@ -137,60 +127,50 @@ func TestGatewayInNamespaces(t *testing.T) {
 	w := newNSWorld(t)
 
 	// Before the gateway: the topology really would forward, and ping.
-	if !w.udpGetsThrough() {
-		t.Fatal("sanity: UDP from the sandbox does not reach the internet namespace before the rules")
-	}
-	if !w.ping("198.18.100.1") {
-		t.Fatal("sanity: ping does not reach the internet namespace before the rules")
-	}
+	require.True(t, w.udpGetsThrough(), "sanity: UDP from the sandbox does not reach the internet namespace before the rules")
+	require.True(t, w.ping("198.18.100.1"), "sanity: ping does not reach the internet namespace before the rules")
 
 	w.startGateway([]string{"api.test", "www.test", "*.wild.test", "ssh.test:22", "meta.test"})
 
 	step(t, "allowed HTTPS", func() {
 		for _, family := range []string{"-4", "-6"} {
 			out, err := w.curl(family, "https://api.test/")
-			if err != nil || !strings.Contains(out, "api.test") {
-				t.Fatalf("curl %s: %q %v", family, out, err)
-			}
+			require.NoError(t, err, "curl %s: %q", family, out)
+			require.Contains(t, out, "api.test", "curl %s", family)
 		}
 		out, err := w.goHTTPS("api.test")
-		if err != nil || !strings.Contains(out, " api.test") {
-			t.Fatalf("Go client: %q %v", out, err)
-		}
+		require.NoError(t, err, "Go client: %q", out)
+		require.Contains(t, out, " api.test", "Go client")
 	})
 	step(t, "allowed HTTP", func() {
-		if out, err := w.curl("http://www.test/"); err != nil || !strings.Contains(out, "www.test") {
-			t.Fatalf("curl: %q %v", out, err)
-		}
+		out, err := w.curl("http://www.test/")
+		require.NoError(t, err, "curl: %q", out)
+		require.Contains(t, out, "www.test", "curl")
 	})
 	step(t, "denied name", func() {
-		if _, err := w.curl("https://other.test/"); err == nil {
-			t.Fatal("a denied name resolved")
-		}
+		_, err := w.curl("https://other.test/")
+		require.Error(t, err, "a denied name resolved")
 		w.waitRecord(func(r egresslog.Record) bool {
 			return r.Kind == egresslog.KindDNS && r.Host == "other.test" && !r.Allowed && r.Reason == policy.ReasonNoRule
 		})
 		// Even with an address from elsewhere, the connection is refused.
-		if _, err := w.curl("--resolve", "other.test:443:198.18.100.5", "https://other.test/"); err == nil {
-			t.Fatal("a denied name was reached through a known address")
-		}
+		_, err = w.curl("--resolve", "other.test:443:198.18.100.5", "https://other.test/")
+		require.Error(t, err, "a denied name was reached through a known address")
 		w.waitRecord(func(r egresslog.Record) bool {
 			return r.Kind == egresslog.KindTLS && r.Host == "other.test" && !r.Allowed && r.Reason == policy.ReasonNoRule
 		})
 	})
 	step(t, "wildcard", func() {
-		if out, err := w.curl("https://sub.wild.test/"); err != nil || !strings.Contains(out, "sub.wild.test") {
-			t.Fatalf("subdomain: %q %v", out, err)
-		}
-		if _, err := w.curl("--resolve", "wild.test:443:198.18.100.4", "https://wild.test/"); err == nil {
-			t.Fatal("the apex of a wildcard was allowed")
-		}
+		out, err := w.curl("https://sub.wild.test/")
+		require.NoError(t, err, "subdomain: %q", out)
+		require.Contains(t, out, "sub.wild.test", "subdomain")
+		_, err = w.curl("--resolve", "wild.test:443:198.18.100.4", "https://wild.test/")
+		require.Error(t, err, "the apex of a wildcard was allowed")
 	})
 	step(t, "forged SNI", func() {
 		out, err := w.curl("--resolve", "api.test:443:198.18.100.5", "https://api.test/")
-		if err != nil || !strings.HasPrefix(out, "198.18.100.1:443") {
-			t.Fatalf("a forged address reached %q (%v); want api.test's own address", out, err)
-		}
+		require.NoError(t, err, "a forged address reached %q; want api.test's own address", out)
+		require.True(t, strings.HasPrefix(out, "198.18.100.1:443"), "a forged address reached %q; want api.test's own address", out)
 	})
 	step(t, "each request judged", func() {
 		c := w.dialFromSandbox("198.18.100.2:80")
@@ -202,73 +182,58 @@ func TestGatewayInNamespaces(t *testing.T) {
 		}{{"www.test", 200}, {"other.test", 403}, {"www.test", 200}} {
 			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", tc.host)
 			resp, err := http.ReadResponse(br, nil)
-			if err != nil {
-				t.Fatalf("request %d: %v", i, err)
-			}
+			require.NoError(t, err, "request %d", i)
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode != tc.status {
-				t.Fatalf("request %d for %s: %d, want %d", i, tc.host, resp.StatusCode, tc.status)
-			}
+			require.Equal(t, tc.status, resp.StatusCode, "request %d for %s", i, tc.host)
 		}
 	})
 	step(t, "other TCP by resolved name", func() {
-		if ip := w.lookupInSandbox("ssh.test"); ip != netip.MustParseAddr("198.18.100.3") {
-			t.Fatalf("ssh.test resolved to %v", ip)
-		}
+		require.Equal(t, netip.MustParseAddr("198.18.100.3"), w.lookupInSandbox("ssh.test"), "what ssh.test resolved to")
 		c := w.dialFromSandbox("198.18.100.3:22")
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		line, err := bufio.NewReader(c).ReadString('\n')
 		c.Close()
-		if err != nil || !strings.HasPrefix(line, "SSH-2.0") {
-			t.Fatalf("banner: %q %v", line, err)
-		}
+		require.NoError(t, err, "banner: %q", line)
+		require.True(t, strings.HasPrefix(line, "SSH-2.0"), "banner: %q", line)
 		// The same service at an address never looked up is refused.
 		c = w.dialFromSandbox("198.18.100.6:22")
 		c.SetReadDeadline(time.Now().Add(15 * time.Second))
-		if _, err := c.Read(make([]byte, 1)); err == nil {
-			t.Fatal("other TCP without a lookup got data")
-		}
+		_, err = c.Read(make([]byte, 1))
+		require.Error(t, err, "other TCP without a lookup got data")
 		c.Close()
 	})
 	step(t, "never tier refused at dial", func() {
-		if _, err := w.curl("--resolve", "meta.test:443:198.18.100.1", "https://meta.test/"); err == nil {
-			t.Fatal("reached a name that resolves to the metadata address")
-		}
+		_, err := w.curl("--resolve", "meta.test:443:198.18.100.1", "https://meta.test/")
+		require.Error(t, err, "reached a name that resolves to the metadata address")
 		w.waitRecord(func(r egresslog.Record) bool {
 			return r.Host == "meta.test" && r.Kind == egresslog.KindTLS && strings.Contains(r.Reason, "metadata")
 		})
 	})
 	step(t, "UDP and ICMP dropped", func() {
-		if w.udpGetsThrough() {
-			t.Fatal("UDP from the sandbox reached the internet")
-		}
-		if w.ping("198.18.100.1") {
-			t.Fatal("ICMP from the sandbox reached the internet")
-		}
-		if w.ping("198.18.1.2") {
-			t.Fatal("the gateway answered ICMP")
-		}
+		require.False(t, w.udpGetsThrough(), "UDP from the sandbox reached the internet")
+		require.False(t, w.ping("198.18.100.1"), "ICMP from the sandbox reached the internet")
+		require.False(t, w.ping("198.18.1.2"), "the gateway answered ICMP")
 	})
 	step(t, "only the named gateway ports", func() {
 		c := w.dialFromSandbox(fmt.Sprintf("198.18.1.2:%d", gwExplicitPort))
 		c.Close()
-		if c, err := w.tryDialFromSandbox(fmt.Sprintf("198.18.1.2:%d", gwClosedPort), time.Second); err == nil {
-			c.Close()
-			t.Fatal("a gateway port that is not named answered")
+		closed, err := w.tryDialFromSandbox(fmt.Sprintf("198.18.1.2:%d", gwClosedPort), time.Second)
+		if err == nil {
+			closed.Close()
 		}
+		require.Error(t, err, "a gateway port that is not named answered")
 	})
 	step(t, "explicit proxy", func() {
 		proxy := fmt.Sprintf("http://198.18.1.2:%d", gwExplicitPort)
-		if out, err := w.curl("-x", proxy, "https://api.test/"); err != nil || !strings.Contains(out, "api.test") {
-			t.Fatalf("CONNECT to an allowed name: %q %v", out, err)
-		}
-		if out, err := w.curl("-x", proxy, "http://www.test/"); err != nil || !strings.Contains(out, "www.test") {
-			t.Fatalf("absolute-form to an allowed name: %q %v", out, err)
-		}
-		if _, err := w.curl("-x", proxy, "https://other.test/"); err == nil {
-			t.Fatal("CONNECT to a denied name succeeded")
-		}
+		out, err := w.curl("-x", proxy, "https://api.test/")
+		require.NoError(t, err, "CONNECT to an allowed name: %q", out)
+		require.Contains(t, out, "api.test", "CONNECT to an allowed name")
+		out, err = w.curl("-x", proxy, "http://www.test/")
+		require.NoError(t, err, "absolute-form to an allowed name: %q", out)
+		require.Contains(t, out, "www.test", "absolute-form to an allowed name")
+		_, err = w.curl("-x", proxy, "https://other.test/")
+		require.Error(t, err, "CONNECT to a denied name succeeded")
 		w.waitRecord(func(r egresslog.Record) bool {
 			return r.Kind == egresslog.KindConnect && r.Host == "other.test" && !r.Allowed
 		})
@@ -276,9 +241,7 @@ func TestGatewayInNamespaces(t *testing.T) {
 	step(t, "a spoofed agent address is dropped before anything judges it", func() {
 		// The second sandbox takes the first one's address and sends a
 		// DNS query from it: it needs no answer for the name to leak.
-		if err := w.sb2.IP("addr", "add", "198.18.1.10/32", "dev", w.sb2Iface); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, w.sb2.IP("addr", "add", "198.18.1.10/32", "dev", w.sb2Iface))
 		spoofed := fmt.Sprintf("spoofed-%d.wild.test", time.Now().UnixNano())
 		w.sendDNS(w.sb2, "198.18.1.10", spoofed)
 		// A query from the real sandbox, recorded after the spoofed one
@@ -287,22 +250,15 @@ func TestGatewayInNamespaces(t *testing.T) {
 		w.sendDNS(w.sb, "198.18.1.10", real)
 		w.waitRecord(func(r egresslog.Record) bool { return r.Host == real })
 		data, _ := os.ReadFile(w.records)
-		if strings.Contains(string(data), spoofed) {
-			t.Fatal("a query from a spoofed agent address was served")
-		}
+		require.NotContains(t, string(data), spoofed, "a query from a spoofed agent address was served")
 	})
 	step(t, "killed gateway leaves no network", func() {
 		w.gateway.Process.Kill()
 		w.gateway.Wait()
-		if _, err := w.curl("--resolve", "api.test:443:198.18.100.1", "https://api.test/"); err == nil {
-			t.Fatal("the sandbox reached the internet after the gateway died")
-		}
-		if w.udpGetsThrough() {
-			t.Fatal("UDP got through after the gateway died")
-		}
-		if w.ping("198.18.100.1") {
-			t.Fatal("ICMP got through after the gateway died")
-		}
+		_, err := w.curl("--resolve", "api.test:443:198.18.100.1", "https://api.test/")
+		require.Error(t, err, "the sandbox reached the internet after the gateway died")
+		require.False(t, w.udpGetsThrough(), "UDP got through after the gateway died")
+		require.False(t, w.ping("198.18.100.1"), "ICMP got through after the gateway died")
 	})
 }
 
@@ -321,9 +277,7 @@ func newNSWorld(t *testing.T) *nsWorld {
 	gwUp, inIf := netns.Unique("vu"), netns.Unique("vi")
 	must := func(err error) {
 		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 	}
 	must(netns.Veth(w.sb, sbIf, w.gw, w.gwIface))
 	w.sb2Iface, w.gwIface2 = netns.Unique("vt"), netns.Unique("vh")
@@ -370,9 +324,7 @@ func (w *nsWorld) startInternet() {
 	ca := testkit.NewCA(t)
 	w.ca = ca
 	w.caFile = filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(w.caFile, ca.PEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(w.caFile, ca.PEM(), 0o644))
 	ip := netip.MustParseAddr
 	zone := testkit.Zone{
 		"api.test": {ip("198.18.100.1"), ip("fd00:100::1")}, "www.test": {ip("198.18.100.2")}, "ssh.test": {ip("198.18.100.3")},
@@ -453,9 +405,7 @@ func (w *nsWorld) startInternet() {
 		}()
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 }
 
 // startGateway starts the gateway process in the gateway namespace.
@@ -467,31 +417,21 @@ func (w *nsWorld) startGateway(allow []string) {
 		AgentAddrs: []string{"198.18.1.10", "fd00:1::10"},
 	})
 	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cmd := w.gw.Command(context.Background(), exe, "-test.run=^TestGatewayHelper$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TPROXY_TEST_GATEWAY="+string(cfg))
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	w.gatewayIn, err = cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
 	w.gateway = cmd
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	if err := readyline.Wait(stdout, "READY", 30*time.Second); err != nil {
-		t.Fatalf("the gateway process did not get ready: %v", err)
-	}
+	require.NoError(t, readyline.Wait(stdout, "READY", 30*time.Second), "the gateway process did not get ready")
 }
 
 func (w *nsWorld) curl(args ...string) (string, error) {
@@ -508,6 +448,9 @@ func (w *nsWorld) goHTTPS(host string) (string, error) {
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			host, port, _ := net.SplitHostPort(addr)
 			ip := w.lookupInSandbox(host)
+			if !ip.IsValid() { // the lookup failed the test already
+				return nil, fmt.Errorf("no address for %s in the sandbox", host)
+			}
 			return w.tryDialFromSandbox(net.JoinHostPort(ip.String(), port), 5*time.Second)
 		},
 	}
@@ -534,32 +477,32 @@ func (w *nsWorld) tryDialFromSandbox(addr string, timeout time.Duration) (net.Co
 func (w *nsWorld) dialFromSandbox(addr string) net.Conn {
 	w.t.Helper()
 	c, err := w.tryDialFromSandbox(addr, 5*time.Second)
-	if err != nil {
-		w.t.Fatalf("dial %s from the sandbox: %v", addr, err)
-	}
+	require.NoError(w.t, err, "dial %s from the sandbox", addr)
 	return c
 }
 
 // lookupInSandbox asks the sandbox's DNS server (the gateway's address,
 // redirected to dnsfilter) for name's A record, from a socket inside the
 // sandbox. (Go's resolver would query from other threads, outside it.)
+// goHTTPS calls it on its transport's dialing goroutine, where FailNow must
+// not run: a failure is reported with assert and returns the zero Addr.
 func (w *nsWorld) lookupInSandbox(name string) netip.Addr {
 	w.t.Helper()
 	var conn net.Conn
-	if err := w.sb.Do(func() error {
+	if !assert.NoError(w.t, w.sb.Do(func() error {
 		var err error
 		conn, err = net.Dial("udp", "198.18.1.2:53")
 		return err
-	}); err != nil {
-		w.t.Fatal(err)
+	})) {
+		return netip.Addr{}
 	}
 	defer conn.Close()
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
 	c := &dns.Client{Timeout: 5 * time.Second}
 	resp, _, err := c.ExchangeWithConn(m, &dns.Conn{Conn: conn})
-	if err != nil {
-		w.t.Fatalf("resolve %s in the sandbox: %v", name, err)
+	if !assert.NoError(w.t, err, "resolve %s in the sandbox", name) {
+		return netip.Addr{}
 	}
 	for _, rr := range resp.Answer {
 		if a, ok := rr.(*dns.A); ok {
@@ -567,7 +510,7 @@ func (w *nsWorld) lookupInSandbox(name string) netip.Addr {
 			return ip.Unmap()
 		}
 	}
-	w.t.Fatalf("resolve %s in the sandbox: no address (rcode %d)", name, resp.Rcode)
+	assert.Failf(w.t, "no address", "resolve %s in the sandbox: rcode %d", name, resp.Rcode)
 	return netip.Addr{}
 }
 
@@ -586,9 +529,7 @@ func (w *nsWorld) sendDNS(ns *netns.NS, src, name string) {
 		_, err = c.Write(packet)
 		return err
 	})
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	require.NoError(w.t, err)
 }
 
 // udpGetsThrough sends UDP from the sandbox to the internet namespace and
@@ -624,13 +565,11 @@ func (w *nsWorld) tryDialUDP(addr string) (net.Conn, error) {
 // was answered within a second.
 func (w *nsWorld) ping(addr string) bool {
 	var conn *icmp.PacketConn
-	if err := w.sb.Do(func() error {
+	require.NoError(w.t, w.sb.Do(func() error {
 		var err error
 		conn, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		return err
-	}); err != nil {
-		w.t.Fatal(err)
-	}
+	}))
 	defer conn.Close()
 	msg, _ := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("ping")}}).Marshal(nil)
 	dst := &net.IPAddr{IP: net.ParseIP(addr)}
@@ -667,7 +606,7 @@ func (w *nsWorld) waitRecord(f func(egresslog.Record) bool) {
 			}
 		}
 		if time.Now().After(deadline) {
-			w.t.Fatalf("no matching record among:\n%s", strings.Join(have, "\n"))
+			require.Failf(w.t, "no matching record", "among:\n%s", strings.Join(have, "\n"))
 		}
 		time.Sleep(50 * time.Millisecond) // the records file is written by another process
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -12,9 +11,11 @@ import (
 	"net/http"
 	"net/netip"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/testkit"
@@ -57,9 +58,7 @@ func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {
 	w.echoAddr = w.serveEcho("127.0.0.2")
 
 	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	loop2 := []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 	w.proxy = &Proxy{
 		Agents: func(src netip.Addr) (string, *policy.Policy, bool) {
@@ -88,13 +87,10 @@ func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := w.proxy.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
-		}
+		assert.NoError(t, w.proxy.Shutdown(ctx), "Shutdown")
 		for range 2 {
-			if err := <-serveDone; err != ErrServerClosed {
-				t.Errorf("Serve returned %v, want ErrServerClosed", err)
-			}
+			err := <-serveDone
+			assert.Same(t, ErrServerClosed, err, "Serve returned %v, want ErrServerClosed", err)
 		}
 	})
 	return w
@@ -102,9 +98,7 @@ func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {
 
 func (w *world) setPolicy(cfg policy.Config) {
 	p, err := policy.New(cfg)
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	require.NoError(w.t, err)
 	w.pol.Store(p)
 }
 
@@ -113,9 +107,7 @@ func (w *world) setNames(names ...string) { w.names.Store(&names) }
 func listenLoop(t testing.TB, addr string) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
 	return ln
 }
@@ -187,9 +179,7 @@ func acceptLoop(ln net.Listener, handle func(net.Conn)) {
 func (w *world) dial(dst netip.AddrPort) net.Conn {
 	w.t.Helper()
 	c, err := w.tryDial(dst)
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	require.NoError(w.t, err)
 	return c
 }
 
@@ -226,8 +216,4 @@ func (w *world) httpsGet(dst netip.AddrPort, sni string) (string, error) {
 func (w *world) waitRecord(f func(egresslog.Record) bool) egresslog.Record {
 	w.t.Helper()
 	return testkit.WaitRecord(w.t, w.log, f)
-}
-
-func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET)
 }

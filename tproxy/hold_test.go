@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkHoldConnections holds as many idle proxied connections as the
@@ -32,21 +34,15 @@ func init() {
 // proxy's alone.
 func BenchmarkHoldConnections(b *testing.B) {
 	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
 	lim.Cur = lim.Max
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
 	n := min(10000, int(lim.Max-64)/2) // what the limit leaves after the process's own
 	if n < 1000 {
 		b.Skipf("the open file limit (%d) is too low", lim.Max)
 	}
 	self, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	upstream := startHelper(b, self, "upstream", "127.0.0.2:0", n)
 	up := netip.MustParseAddrPort(upstream.addr)
 	proxy := benchProxy(b, up)
@@ -54,12 +50,8 @@ func BenchmarkHoldConnections(b *testing.B) {
 	runtime.GC()
 	goBefore, rssBefore := goMemory(), rss()
 	clients := startHelper(b, self, "clients", proxy, n)
-	if err := clients.wait("held"); err != nil {
-		b.Fatalf("clients: %v", err)
-	}
-	if err := upstream.wait("held"); err != nil {
-		b.Fatalf("upstream: %v", err)
-	}
+	require.NoError(b, clients.wait("held"), "clients")
+	require.NoError(b, upstream.wait("held"), "upstream")
 	runtime.GC()
 	goAfter, rssAfter := goMemory(), rss()
 	b.ReportMetric(float64(n), "connections")
@@ -79,17 +71,11 @@ func startHelper(b *testing.B, self, role, addr string, n int) *helper {
 	cmd.Env = append(os.Environ(), "TPROXY_HOLD_ROLE="+role, "TPROXY_HOLD_ADDR="+addr, "TPROXY_HOLD_N="+strconv.Itoa(n))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
+	require.NoError(b, cmd.Start())
 	b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	h := &helper{cmd: cmd, lines: bufio.NewScanner(out)}
-	if !h.lines.Scan() {
-		b.Fatalf("%s helper exited", role)
-	}
+	require.True(b, h.lines.Scan(), "%s helper exited", role)
 	h.addr = h.lines.Text()
 	return h
 }

@@ -2,7 +2,6 @@ package tproxy
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -13,8 +12,12 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/testkit"
@@ -24,22 +27,20 @@ import (
 func TestTLSBySNI(t *testing.T) {
 	w := newWorld(t, []string{"api.test:*", "*.npm.test:*"}, nil)
 	body, err := w.httpsGet(w.tlsAddr, "api.test")
-	if err != nil || !strings.HasPrefix(body, w.tlsAddr.String()) {
-		t.Fatalf("allowed SNI: %q, %v", body, err)
-	}
+	require.NoError(t, err, "allowed SNI")
+	require.True(t, strings.HasPrefix(body, w.tlsAddr.String()), "allowed SNI: %q", body)
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && r.Host == "api.test" })
-	if !r.Allowed || r.Rule != "api.test:*" || r.BytesUp == 0 || r.BytesDown == 0 || r.Addr != w.tlsAddr {
-		t.Errorf("record %+v", r)
-	}
+	assert.True(t, r.Allowed, "record %+v", r)
+	assert.Equal(t, "api.test:*", r.Rule, "record %+v", r)
+	assert.NotZero(t, r.BytesUp, "record %+v", r)
+	assert.NotZero(t, r.BytesDown, "record %+v", r)
+	assert.Equal(t, w.tlsAddr, r.Addr, "record %+v", r)
 
 	_, err = w.httpsGet(w.tlsAddr, "blocked.test")
-	if err == nil || !strings.Contains(err.Error(), "access denied") {
-		t.Fatalf("denied SNI: %v, want a TLS access_denied alert", err)
-	}
+	require.ErrorContains(t, err, "access denied", "denied SNI: want a TLS access_denied alert")
 	r = w.waitRecord(func(r egresslog.Record) bool { return r.Host == "blocked.test" })
-	if r.Allowed || r.Reason != policy.ReasonNoRule {
-		t.Errorf("denied record %+v", r)
-	}
+	assert.False(t, r.Allowed, "denied record %+v", r)
+	assert.Equal(t, policy.ReasonNoRule, r.Reason, "denied record %+v", r)
 }
 
 // TestForgedSNI connects to the wrong server's address with an allowed
@@ -47,12 +48,8 @@ func TestTLSBySNI(t *testing.T) {
 func TestForgedSNI(t *testing.T) {
 	w := newWorld(t, []string{"api.test:*"}, nil)
 	body, err := w.httpsGet(w.otherTLS, "api.test") // client aims at 127.0.0.3
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(body, "127.0.0.2:") {
-		t.Fatalf("reached %q; the proxy must connect to api.test's own address, 127.0.0.2", body)
-	}
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(body, "127.0.0.2:"), "reached %q; the proxy must connect to api.test's own address, 127.0.0.2", body)
 }
 
 // TestBigClientHello sends the 1526-byte Go ClientHello (a post-quantum
@@ -64,21 +61,17 @@ func TestBigClientHello(t *testing.T) {
 	hello := realHellos(t)["go1.26-default-x25519mlkem768"]
 	c := w.dial(w.tlsAddr)
 	for _, part := range [][]byte{hello[:3], hello[3:1400], hello[1400:]} {
-		if _, err := c.Write(part); err != nil {
-			t.Fatal(err)
-		}
+		_, err := c.Write(part)
+		require.NoError(t, err)
 		time.Sleep(20 * time.Millisecond) // let each part arrive on its own
 	}
 	// The server answers the hello (an alert or a ServerHello): either
 	// way the connection reached it rather than being refused.
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	b := make([]byte, 5)
-	if _, err := io.ReadFull(c, b); err != nil {
-		t.Fatalf("no answer from the server: %v", err)
-	}
-	if b[0] != 0x16 && b[0] != 0x15 {
-		t.Fatalf("answer starts %x", b)
-	}
+	_, err := io.ReadFull(c, b)
+	require.NoError(t, err, "no answer from the server")
+	require.Contains(t, []byte{0x16, 0x15}, b[0], "answer starts %x", b)
 	c.Close()
 	w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.example.test" && r.Allowed })
 }
@@ -91,41 +84,32 @@ func TestHTTPEveryRequestJudged(t *testing.T) {
 		t.Helper()
 		fmt.Fprintf(c, "GET /path?secret=x HTTP/1.1\r\nHost: %s\r\n\r\n", host)
 		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		return resp, string(b)
 	}
 	resp, body := get("api.test")
-	if resp.StatusCode != 200 || !strings.HasSuffix(body, " api.test") {
-		t.Fatalf("first request: %d %q", resp.StatusCode, body)
-	}
+	require.Equal(t, 200, resp.StatusCode, "first request: %q", body)
+	require.True(t, strings.HasSuffix(body, " api.test"), "first request: %q", body)
 	resp, body = get("blocked.test") // same keep-alive connection
-	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, policy.ReasonNoRule) {
-		t.Fatalf("second request with another Host: %d %q", resp.StatusCode, body)
-	}
+	require.Equal(t, http.StatusForbidden, resp.StatusCode, "second request with another Host: %q", body)
+	require.Contains(t, body, policy.ReasonNoRule, "second request with another Host")
 	resp, _ = get("api.test")
-	if resp.StatusCode != 200 {
-		t.Fatalf("third request: %d", resp.StatusCode)
-	}
+	require.Equal(t, 200, resp.StatusCode, "third request")
 	// An absolute-form target names the host, whatever the Host header
 	// says (RFC 9112, section 3.2.2): it is what is judged.
 	fmt.Fprintf(c, "GET http://blocked.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n")
 	abs, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	io.Copy(io.Discard, abs.Body)
 	abs.Body.Close()
-	if abs.StatusCode != http.StatusForbidden {
-		t.Fatalf("absolute-form request to a denied host with an allowed Host header: %d", abs.StatusCode)
-	}
+	require.Equal(t, http.StatusForbidden, abs.StatusCode, "absolute-form request to a denied host with an allowed Host header")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" })
-	if r.Allowed || r.Status != http.StatusForbidden || r.Path != "/path" || r.Method != "GET" {
-		t.Errorf("record %+v", r)
-	}
+	assert.False(t, r.Allowed, "record %+v", r)
+	assert.Equal(t, http.StatusForbidden, r.Status, "record %+v", r)
+	assert.Equal(t, "/path", r.Path, "record %+v", r)
+	assert.Equal(t, "GET", r.Method, "record %+v", r)
 }
 
 func TestServerFirstByName(t *testing.T) {
@@ -135,18 +119,15 @@ func TestServerFirstByName(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	br := bufio.NewReader(c)
 	line, err := br.ReadString('\n') // the client never spoke first
-	if err != nil || line != "SSH-2.0-test_banner\r\n" {
-		t.Fatalf("banner: %q, %v", line, err)
-	}
+	require.NoError(t, err, "banner: %q", line)
+	require.Equal(t, "SSH-2.0-test_banner\r\n", line, "banner")
 	fmt.Fprintf(c, "hello\n")
-	if got, _ := br.ReadString('\n'); got != "got hello\n" {
-		t.Fatalf("echo: %q", got)
-	}
+	got, _ := br.ReadString('\n')
+	require.Equal(t, "got hello\n", got, "echo")
 	c.Close()
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && r.Host == "svc.test" })
-	if !r.Allowed || r.Reason != policy.ReasonAllowedByRule {
-		t.Errorf("record %+v", r)
-	}
+	assert.True(t, r.Allowed, "record %+v", r)
+	assert.Equal(t, policy.ReasonAllowedByRule, r.Reason, "record %+v", r)
 }
 
 // TestServerFirstAfterHalfClose: a client that shuts its side without a
@@ -158,25 +139,22 @@ func TestServerFirstAfterHalfClose(t *testing.T) {
 	c.CloseWrite()
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil || line != "SSH-2.0-test_banner\r\n" {
-		t.Fatalf("banner after half-close: %q, %v", line, err)
-	}
+	require.NoError(t, err, "banner after half-close: %q", line)
+	require.Equal(t, "SSH-2.0-test_banner\r\n", line, "banner after half-close")
 }
 
 func TestOtherTCPWithoutNameDenied(t *testing.T) {
 	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.HelloTimeout = 300 * time.Millisecond })
 	c := w.dial(w.bannerAddr) // no remembered name
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("read data from a connection that should be refused")
-	}
+	_, err := c.Read(make([]byte, 1))
+	require.Error(t, err, "read data from a connection that should be refused")
 	w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Reason == ReasonHelloTimeout })
 
 	c = w.dial(w.echoAddr)
 	c.Write([]byte("\x00\x01binary"))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("read data from a connection that should be refused")
-	}
+	_, err = c.Read(make([]byte, 1))
+	require.Error(t, err, "read data from a connection that should be refused")
 	w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Reason == ReasonNoName })
 
 	w.setNames("blocked.test") // remembered, but not allowed
@@ -196,9 +174,8 @@ func TestHalfClose(t *testing.T) {
 	c.CloseWrite() // the server answers only after our FIN
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	b, err := io.ReadAll(c)
-	if err != nil || string(b) != "echo:ping" {
-		t.Fatalf("after half-close: %q, %v", b, err)
-	}
+	require.NoError(t, err, "after half-close: %q", b)
+	require.Equal(t, "echo:ping", string(b), "after half-close")
 }
 
 func TestRefusedUpstreamIsReset(t *testing.T) {
@@ -211,13 +188,9 @@ func TestRefusedUpstreamIsReset(t *testing.T) {
 	c.Write([]byte("x"))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := c.Read(make([]byte, 1))
-	if !isReset(err) {
-		t.Fatalf("read after a refused upstream: %v, want a reset", err)
-	}
+	require.ErrorIs(t, err, syscall.ECONNRESET, "read after a refused upstream: want a reset")
 	r := w.waitRecord(func(r egresslog.Record) bool { return strings.HasPrefix(r.Reason, reasonUpstreamPrefix) })
-	if !strings.Contains(r.Reason, "refused") {
-		t.Errorf("record %+v", r)
-	}
+	assert.Contains(t, r.Reason, "refused", "record %+v", r)
 }
 
 func TestUpstreamResetIsReset(t *testing.T) {
@@ -231,9 +204,8 @@ func TestUpstreamResetIsReset(t *testing.T) {
 	c := w.dial(netip.MustParseAddrPort(ln.Addr().String()))
 	c.Write([]byte("x"))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); !isReset(err) {
-		t.Fatalf("read after the upstream reset: %v, want a reset", err)
-	}
+	_, err := c.Read(make([]byte, 1))
+	require.ErrorIs(t, err, syscall.ECONNRESET, "read after the upstream reset: want a reset")
 }
 
 func TestIdleTimeout(t *testing.T) {
@@ -242,9 +214,8 @@ func TestIdleTimeout(t *testing.T) {
 	c := w.dial(w.echoAddr)
 	c.Write([]byte("x")) // then nothing
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("idle connection got data")
-	}
+	_, err := c.Read(make([]byte, 1))
+	require.Error(t, err, "idle connection got data")
 	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonIdle })
 }
 
@@ -256,13 +227,11 @@ func TestIdleBeforeAnyoneSpeaks(t *testing.T) {
 	w.setPolicy(policy.Config{Mode: policy.Open})
 	c := w.dial(w.echoAddr) // the echo server waits for the client
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("silent connection got data")
-	}
+	_, err := c.Read(make([]byte, 1))
+	require.Error(t, err, "silent connection got data")
 	r := w.waitRecord(func(r egresslog.Record) bool { return !r.Allowed && r.Kind == egresslog.KindTCP })
-	if r.Reason != ReasonIdle || r.Host != w.echoAddr.Addr().String() {
-		t.Errorf("record %+v, want %q for %s", r, ReasonIdle, w.echoAddr.Addr())
-	}
+	assert.Equal(t, ReasonIdle, r.Reason, "record %+v", r)
+	assert.Equal(t, w.echoAddr.Addr().String(), r.Host, "record %+v", r)
 }
 
 func TestConnectionLimits(t *testing.T) {
@@ -271,21 +240,18 @@ func TestConnectionLimits(t *testing.T) {
 	first := w.dial(w.bannerAddr)
 	first.SetReadDeadline(time.Now().Add(5 * time.Second))
 	br := bufio.NewReader(first)
-	if _, err := br.ReadString('\n'); err != nil {
-		t.Fatalf("first connection: %v", err)
-	}
+	_, err := br.ReadString('\n')
+	require.NoError(t, err, "first connection")
 	if second, err := w.tryDial(w.bannerAddr); err == nil {
 		second.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := second.Read(make([]byte, 1)); err == nil {
-			t.Fatal("second connection over the limit was served")
-		}
+		_, err = second.Read(make([]byte, 1))
+		require.Error(t, err, "second connection over the limit was served")
 	}
 	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == "too many connections for this agent" })
 	// The first goes on.
 	fmt.Fprintf(first, "still here\n")
-	if got, _ := br.ReadString('\n'); got != "got still here\n" {
-		t.Fatalf("in-flight connection: %q", got)
-	}
+	got, _ := br.ReadString('\n')
+	require.Equal(t, "got still here\n", got, "in-flight connection")
 }
 
 func TestUnknownSourceDropped(t *testing.T) {
@@ -296,9 +262,8 @@ func TestUnknownSourceDropped(t *testing.T) {
 	if c, err := d.Dial("tcp", w.tproxyLn.Addr().String()); err == nil {
 		defer c.Close()
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Read(make([]byte, 1)); err == nil {
-			t.Fatal("unknown source was served")
-		}
+		_, err = c.Read(make([]byte, 1))
+		require.Error(t, err, "unknown source was served")
 	}
 	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonUnknownSource && r.Host == "127.0.0.5" })
 }
@@ -306,13 +271,10 @@ func TestUnknownSourceDropped(t *testing.T) {
 func TestNeverTierRefusedAtDial(t *testing.T) {
 	w := newWorld(t, []string{"meta.test:*"}, nil)
 	_, err := w.httpsGet(w.tlsAddr, "meta.test")
-	if err == nil {
-		t.Fatal("reached a name that resolves to the metadata address")
-	}
+	require.Error(t, err, "reached a name that resolves to the metadata address")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "meta.test" })
-	if r.Allowed || !strings.Contains(r.Reason, "metadata") {
-		t.Errorf("record %+v", r)
-	}
+	assert.False(t, r.Allowed, "record %+v", r)
+	assert.Contains(t, r.Reason, "metadata", "record %+v", r)
 }
 
 // interceptor records what it is handed.
@@ -339,17 +301,13 @@ func TestInterceptorHandoff(t *testing.T) {
 	ic := &interceptor{}
 	w := newWorld(t, []string{"api.test:*", "other.test:*"}, func(p *Proxy) { p.Interceptor = ic })
 	w.httpsGet(w.tlsAddr, "api.test")
-	if body, err := w.httpsGet(w.tlsAddr, "other.test"); err != nil || body == "" {
-		t.Fatalf("unclaimed host not passed through: %q %v", body, err)
-	}
+	body, err := w.httpsGet(w.tlsAddr, "other.test")
+	require.NoError(t, err, "unclaimed host not passed through")
+	require.NotEmpty(t, body, "unclaimed host not passed through")
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
-	if len(ic.hosts) != 1 || ic.hosts[0] != fmt.Sprintf("a1 api.test:%d", w.tlsAddr.Port()) {
-		t.Fatalf("interceptor got %v", ic.hosts)
-	}
-	if ic.first[0] != 0x16 {
-		t.Fatalf("interceptor's first bytes %x: the ClientHello was not replayed", ic.first)
-	}
+	require.Equal(t, []string{fmt.Sprintf("a1 api.test:%d", w.tlsAddr.Port())}, ic.hosts, "what the interceptor got")
+	require.Equal(t, byte(0x16), ic.first[0], "interceptor's first bytes %x: the ClientHello was not replayed", ic.first)
 }
 
 func TestExplicitProxy(t *testing.T) {
@@ -375,64 +333,50 @@ func TestExplicitProxy(t *testing.T) {
 	}
 
 	status, body, err := get(fmt.Sprintf("https://api.test:%d/", w.tlsAddr.Port()))
-	if err != nil || status != 200 || !strings.HasPrefix(body, "127.0.0.2:") {
-		t.Fatalf("CONNECT to an allowed name: %d %q %v", status, body, err)
-	}
-	if _, _, err := get(fmt.Sprintf("https://blocked.test:%d/", w.tlsAddr.Port())); err == nil || !strings.Contains(err.Error(), "Forbidden") {
-		t.Fatalf("CONNECT to a denied name: %v", err)
-	}
+	require.NoError(t, err, "CONNECT to an allowed name")
+	require.Equal(t, 200, status, "CONNECT to an allowed name: %q", body)
+	require.True(t, strings.HasPrefix(body, "127.0.0.2:"), "CONNECT to an allowed name: %q", body)
+	_, _, err = get(fmt.Sprintf("https://blocked.test:%d/", w.tlsAddr.Port()))
+	require.ErrorContains(t, err, "Forbidden", "CONNECT to a denied name")
 	w.waitRecord(func(r egresslog.Record) bool {
 		return r.Kind == egresslog.KindConnect && r.Host == "blocked.test" && !r.Allowed
 	})
 	status, body, err = get(fmt.Sprintf("http://api.test:%d/x", w.httpAddr.Port()))
-	if err != nil || status != 200 || !strings.HasSuffix(body, "api.test:"+fmt.Sprint(w.httpAddr.Port())) {
-		t.Fatalf("absolute-form to an allowed name: %d %q %v", status, body, err)
-	}
+	require.NoError(t, err, "absolute-form to an allowed name")
+	require.Equal(t, 200, status, "absolute-form to an allowed name: %q", body)
+	require.True(t, strings.HasSuffix(body, "api.test:"+fmt.Sprint(w.httpAddr.Port())), "absolute-form to an allowed name: %q", body)
 	status, _, _ = get(fmt.Sprintf("http://blocked.test:%d/x", w.httpAddr.Port()))
-	if status != http.StatusForbidden {
-		t.Fatalf("absolute-form to a denied name: %d", status)
-	}
+	require.Equal(t, http.StatusForbidden, status, "absolute-form to a denied name")
 	// An IP literal follows the address rules.
 	status, _, err = get(fmt.Sprintf("http://127.0.0.2:%d/", w.httpAddr.Port()))
-	if err != nil || status != 200 {
-		t.Fatalf("absolute-form to an allowed address: %d %v", status, err)
-	}
+	require.NoError(t, err, "absolute-form to an allowed address")
+	require.Equal(t, 200, status, "absolute-form to an allowed address")
 	status, _, _ = get(fmt.Sprintf("http://127.0.0.3:%d/", w.httpAddr.Port()))
-	if status != http.StatusForbidden {
-		t.Fatalf("absolute-form to a denied address: %d", status)
-	}
+	require.Equal(t, http.StatusForbidden, status, "absolute-form to a denied address")
 	// The TLS inside a tunnel is judged too: a CONNECT to an allowed name
 	// carrying a ClientHello for a denied one is refused.
 	c, err := net.Dial("tcp", w.explicit.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer c.Close()
 	fmt.Fprintf(c, "CONNECT api.test:%d HTTP/1.1\r\nHost: api.test\r\n\r\n", w.tlsAddr.Port())
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("CONNECT: %v %v", resp, err)
-	}
+	require.NoError(t, err, "CONNECT")
+	require.Equal(t, 200, resp.StatusCode, "CONNECT: %v", resp)
 	tc := tls.Client(c, &tls.Config{ServerName: "blocked.test", RootCAs: w.ca.Pool})
 	tc.SetDeadline(time.Now().Add(5 * time.Second))
-	if err := tc.Handshake(); err == nil {
-		t.Fatal("TLS to a denied name inside an allowed tunnel succeeded")
-	}
+	require.Error(t, tc.Handshake(), "TLS to a denied name inside an allowed tunnel succeeded")
 }
 
 func TestExplicitSlowloris(t *testing.T) {
 	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.HelloTimeout = 200 * time.Millisecond })
 	c, err := net.Dial("tcp", w.explicit.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer c.Close()
 	fmt.Fprintf(c, "CONNECT api.test:443 HTTP/1.1\r\nX-Slow: ") // never finished
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadAll(c); err != nil {
-		t.Fatalf("the proxy did not close a stalled request head: %v", err)
-	}
+	_, err = io.ReadAll(c)
+	require.NoError(t, err, "the proxy did not close a stalled request head")
 }
 
 func TestECHConnectionRefused(t *testing.T) {
@@ -444,11 +388,9 @@ func TestECHConnectionRefused(t *testing.T) {
 	c.Write(hello)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	alert := make([]byte, len(tlsAccessDenied))
-	if _, err := io.ReadFull(c, alert); err != nil || !bytes.Equal(alert, tlsAccessDenied) {
-		t.Fatalf("answer %x, %v; want an access_denied alert", alert, err)
-	}
+	_, err := io.ReadFull(c, alert)
+	require.NoError(t, err, "answer %x; want an access_denied alert", alert)
+	require.Equal(t, tlsAccessDenied, alert, "want an access_denied alert")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && !r.Allowed })
-	if r.Reason != ErrECH.Error() {
-		t.Errorf("record %+v", r)
-	}
+	assert.Equal(t, ErrECH.Error(), r.Reason, "record %+v", r)
 }

@@ -72,7 +72,7 @@ func TestShutdownWithLiveClients(t *testing.T) {
 			select {
 			case <-progress:
 			case <-time.After(5 * time.Second):
-				t.Fatalf("cycle %d: no client got through", cycle)
+				require.FailNowf(t, "no client got through", "cycle %d", cycle)
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -84,7 +84,7 @@ func TestShutdownWithLiveClients(t *testing.T) {
 			case err := <-served:
 				assert.ErrorIs(t, err, ErrServerClosed, "cycle %d", cycle)
 			case <-time.After(5 * time.Second):
-				t.Fatalf("cycle %d: Serve still running after Shutdown returned", cycle)
+				require.FailNowf(t, "Serve still running after Shutdown returned", "cycle %d", cycle)
 			}
 		}
 		clients.Wait()

@@ -1,11 +1,13 @@
 package tproxy
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // realHellos are ClientHellos captured from real clients, all with SNI
@@ -13,15 +15,12 @@ import (
 func realHellos(t testing.TB) map[string][]byte {
 	t.Helper()
 	files, err := filepath.Glob("testdata/clienthello/*.bin")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no ClientHello fixtures: %v", err)
-	}
+	require.NoError(t, err, "no ClientHello fixtures")
+	require.NotEmpty(t, files, "no ClientHello fixtures")
 	out := map[string][]byte{}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		out[strings.TrimSuffix(filepath.Base(f), ".bin")] = b
 	}
 	return out
@@ -30,24 +29,19 @@ func realHellos(t testing.TB) map[string][]byte {
 func TestParseRealHellos(t *testing.T) {
 	for name, b := range realHellos(t) {
 		t.Run(name, func(t *testing.T) {
-			if p := sniff(b); p != protoTLS {
-				t.Fatalf("sniff = %v", p)
-			}
+			require.Equal(t, protoTLS, sniff(b), "sniff")
 			// Every strict prefix is incomplete, never an error.
 			for i := 1; i < len(b); i++ {
 				done, err := helloComplete(b[:i])
-				if err != nil || done {
-					t.Fatalf("prefix of %d bytes: complete=%v err=%v", i, done, err)
-				}
+				require.NoError(t, err, "prefix of %d bytes", i)
+				require.False(t, done, "prefix of %d bytes: complete", i)
 			}
 			done, err := helloComplete(b)
-			if err != nil || !done {
-				t.Fatalf("whole hello: complete=%v err=%v", done, err)
-			}
+			require.NoError(t, err, "whole hello")
+			require.True(t, done, "whole hello: complete")
 			h, err := parseHello(b)
-			if err != nil || h.serverName != "api.example.test" {
-				t.Fatalf("parseHello = %+v, %v", h, err)
-			}
+			require.NoError(t, err, "parseHello")
+			require.Equal(t, "api.example.test", h.serverName, "parseHello = %+v", h)
 		})
 	}
 }
@@ -65,16 +59,15 @@ func TestHelloSplitAcrossRecords(t *testing.T) {
 		msg = msg[n:]
 	}
 	last := len(framed) - 5 - 100
-	if done, err := helloComplete(framed[:last]); done || err != nil {
-		t.Fatalf("before the last record: complete=%v err=%v", done, err)
-	}
-	if done, err := helloComplete(framed); !done || err != nil {
-		t.Fatalf("all records: complete=%v err=%v", done, err)
-	}
+	done, err := helloComplete(framed[:last])
+	require.NoError(t, err, "before the last record")
+	require.False(t, done, "before the last record: complete")
+	done, err = helloComplete(framed)
+	require.NoError(t, err, "all records")
+	require.True(t, done, "all records: complete")
 	h, err := parseHello(framed)
-	if err != nil || h.serverName != "api.example.test" {
-		t.Fatalf("parseHello = %+v, %v", h, err)
-	}
+	require.NoError(t, err, "parseHello")
+	require.Equal(t, "api.example.test", h.serverName, "parseHello = %+v", h)
 }
 
 func TestSniff(t *testing.T) {
@@ -97,21 +90,17 @@ func TestSniff(t *testing.T) {
 		{"\x00\x00\x00\x4a\x00", protoOther},
 	}
 	for _, tt := range tests {
-		if got := sniff([]byte(tt.in)); got != tt.want {
-			t.Errorf("sniff(%q) = %v, want %v", tt.in, got, tt.want)
-		}
+		assert.Equal(t, tt.want, sniff([]byte(tt.in)), "sniff(%q)", tt.in)
 	}
 }
 
 func TestHelloErrors(t *testing.T) {
 	for _, in := range []string{"\x17\x03\x01\x00\x05hello", "\x16\x03\x01\x00\x00", "\x16\x03\x01\xff\xff", "\x16\x03\x01\x00\x04\x02\x00\x00\x00"} {
-		if _, err := helloComplete([]byte(in)); err == nil {
-			t.Errorf("helloComplete(%q) accepted it", in)
-		}
+		_, err := helloComplete([]byte(in))
+		assert.Error(t, err, "helloComplete(%q) accepted it", in)
 	}
-	if _, err := parseHello([]byte("\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00")); err == nil {
-		t.Error("parseHello accepted a truncated hello")
-	}
+	_, err := parseHello([]byte("\x16\x03\x01\x00\x05\x01\x00\x00\x01\x00"))
+	assert.Error(t, err, "parseHello accepted a truncated hello")
 }
 
 func FuzzHello(f *testing.F) {
@@ -140,9 +129,8 @@ func withExtension(t *testing.T, hello []byte, typ uint16, data []byte) []byte {
 	off += 2 + (int(b[off])<<8 | int(b[off+1])) // cipher suites
 	off += 1 + int(b[off])                      // compression methods
 	extLen := int(b[off])<<8 | int(b[off+1])
-	if 5+int(b[3])<<8|int(b[4]) != len(b) || off+2+extLen != len(b) {
-		t.Fatal("the ClientHello is not one record ending with its extensions")
-	}
+	require.Equal(t, len(b), 5+int(b[3])<<8|int(b[4]), "the ClientHello is not one record ending with its extensions")
+	require.Equal(t, len(b), off+2+extLen, "the ClientHello is not one record ending with its extensions")
 	add := 4 + len(data)
 	b = append(b, byte(typ>>8), byte(typ), byte(len(data)>>8), byte(len(data)))
 	b = append(b, data...)
@@ -159,18 +147,17 @@ func withExtension(t *testing.T, hello []byte, typ uint16, data []byte) []byte {
 // front carry a connection to any host behind it.
 func TestEncryptedClientHelloRefused(t *testing.T) {
 	hello := realHellos(t)["curl-7.88-openssl-3.0"]
-	if h, err := parseHello(hello); err != nil || h.serverName != "api.example.test" {
-		t.Fatalf("the unchanged hello: %+v %v", h, err)
-	}
+	h, err := parseHello(hello)
+	require.NoError(t, err, "the unchanged hello")
+	require.Equal(t, "api.example.test", h.serverName, "the unchanged hello: %+v", h)
 	ech := withExtension(t, hello, extensionECH, []byte{0x00, 0x00, 0x01, 0x00, 0x01, 0x01, 0x00, 0x00, 0x00, 0x00})
-	if done, err := helloComplete(ech); !done || err != nil {
-		t.Fatalf("the hello with ECH is not complete: %v %v", done, err)
-	}
-	if _, err := parseHello(ech); !errors.Is(err, ErrECH) {
-		t.Fatalf("parseHello = %v, want ErrECH", err)
-	}
+	done, err := helloComplete(ech)
+	require.NoError(t, err, "the hello with ECH is not complete")
+	require.True(t, done, "the hello with ECH is not complete")
+	_, err = parseHello(ech)
+	require.ErrorIs(t, err, ErrECH, "parseHello")
 	other := withExtension(t, hello, 0xfe0c, []byte{1, 2, 3})
-	if h, err := parseHello(other); err != nil || h.serverName != "api.example.test" {
-		t.Fatalf("an unknown extension: %+v %v", h, err)
-	}
+	h, err = parseHello(other)
+	require.NoError(t, err, "an unknown extension")
+	require.Equal(t, "api.example.test", h.serverName, "an unknown extension: %+v", h)
 }

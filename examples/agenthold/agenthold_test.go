@@ -32,15 +32,10 @@ func TestMain(m *testing.M) {
 
 func TestExampleConfigIsTheDefault(t *testing.T) {
 	cfg, err := loadConfig("agenthold.example.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := defaultConfig(); fmt.Sprintf("%+v", cfg) != fmt.Sprintf("%+v", want) {
-		t.Errorf("agenthold.example.yaml says\n%+v\nbut the defaults are\n%+v", cfg, want)
-	}
-	if cfg.adminSocket() != "/var/lib/agenthold/admin.sock" || cfg.masterKeyFile() != "/var/lib/agenthold/master.key" {
-		t.Errorf("derived paths: %s %s", cfg.adminSocket(), cfg.masterKeyFile())
-	}
+	require.NoError(t, err)
+	assert.Equal(t, fmt.Sprintf("%+v", defaultConfig()), fmt.Sprintf("%+v", cfg), "agenthold.example.yaml says other than the defaults")
+	assert.Equal(t, "/var/lib/agenthold/admin.sock", cfg.adminSocket(), "derived paths: admin socket")
+	assert.Equal(t, "/var/lib/agenthold/master.key", cfg.masterKeyFile(), "derived paths: master key")
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -64,25 +59,22 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "c.yaml")
 		os.WriteFile(path, []byte(tt.yaml), 0o600)
 		_, err := loadConfig(path)
-		if err == nil || !strings.Contains(err.Error(), tt.key) {
-			t.Errorf("config %q: %v, want an error naming %s", tt.yaml, err, tt.key)
-		}
+		assert.ErrorContains(t, err, tt.key, "config %q: want an error naming %s", tt.yaml, tt.key)
 	}
 	cfg, err := loadConfig("")
-	if err != nil || cfg.Egress.ProxyPort != 15001 {
-		t.Errorf("no file: %+v %v", cfg, err)
+	if assert.NoError(t, err, "no file") {
+		assert.Equal(t, uint16(15001), cfg.Egress.ProxyPort, "no file: %+v", cfg)
 	}
 }
 
 func TestNetworkAddrs(t *testing.T) {
 	p4, p6 := mustPrefix("10.88.0.0/16"), mustPrefix("fd00:88::/48")
 	gw4, sb4, gw6, sb6 := networkAddrs(p4, p6, 3)
-	if gw4.String() != "10.88.3.2" || sb4.String() != "10.88.3.10" || gw6.String() != "fd00:88:0:3::2" || sb6.String() != "fd00:88:0:3::10" {
-		t.Errorf("index 3: %s %s %s %s", gw4, sb4, gw6, sb6)
-	}
-	if n := poolSize(p4, p6); n != 256 {
-		t.Errorf("pool size %d", n)
-	}
+	assert.Equal(t, "10.88.3.2", gw4.String(), "index 3: gateway v4")
+	assert.Equal(t, "10.88.3.10", sb4.String(), "index 3: sandbox v4")
+	assert.Equal(t, "fd00:88:0:3::2", gw6.String(), "index 3: gateway v6")
+	assert.Equal(t, "fd00:88:0:3::10", sb6.String(), "index 3: sandbox v6")
+	assert.Equal(t, 256, poolSize(p4, p6), "pool size")
 }
 
 func TestExitCodes(t *testing.T) {
@@ -106,9 +98,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"help"}, exitOK},
 	}
 	for _, tt := range tests {
-		if code := run(tt.args); code != tt.code {
-			t.Errorf("agenthold %v exited %d, want %d", tt.args, code, tt.code)
-		}
+		assert.Equal(t, tt.code, run(tt.args), "agenthold %v exit code", tt.args)
 	}
 }
 
@@ -129,9 +119,7 @@ func TestDemoWorld(t *testing.T) {
 	}
 	standInForCLI(t)
 	w, err := buildWorld()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	torn := false
 	defer func() {
 		if !torn {
@@ -141,25 +129,20 @@ func TestDemoWorld(t *testing.T) {
 	// A second server on the same data directory refuses to start.
 	second := exec.Command(w.self, "serve", "--config", filepath.Join(w.dir, "agenthold.yaml"))
 	second.Env = w.env()
-	if out, err := second.CombinedOutput(); err == nil || !strings.Contains(string(out), "another agenthold is running") {
-		t.Fatalf("a second server on the same data directory: %v %s", err, out)
-	}
+	secondOut, err := second.CombinedOutput()
+	require.Error(t, err, "a second server on the same data directory: %s", secondOut)
+	require.Contains(t, string(secondOut), "another agenthold is running", "a second server on the same data directory")
 
 	// A follower of the log sees records as they are made.
 	follow := exec.Command(w.self, "log", "--follow", "--json", "--agent", "bob", "--limit", "1")
 	follow.Env = w.env()
 	stdout, err := follow.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := follow.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, follow.Start())
 	defer func() { follow.Process.Kill(); follow.Wait() }()
 
-	if failed := runSession(w); failed != 0 {
-		t.Fatalf("%d session step(s) failed", failed)
-	}
+	failed := runSession(w)
+	require.Zero(t, failed, "%d session step(s) failed", failed)
 	lines := bufio.NewScanner(stdout)
 	sawBob := false
 	for lines.Scan() {
@@ -168,42 +151,30 @@ func TestDemoWorld(t *testing.T) {
 			break
 		}
 	}
-	if !sawBob {
-		t.Error("the log follower did not see bob's request")
-	}
+	assert.True(t, sawBob, "the log follower did not see bob's request")
 
 	// An upstream error after injection: stop the fake API, then call it
 	// with the key's placeholder in the query.
 	w.internet.services["api.anthropic.com"].Close()
 	out, _ := w.inSandbox("alice", `curl -sS "https://api.anthropic.com/v1/messages?key=$ANTHROPIC_API_KEY" -H "x-api-key: $ANTHROPIC_API_KEY"`)
-	if !strings.Contains(out, "502") && !strings.Contains(out, "egress: upstream") {
-		t.Errorf("no upstream error when the API is down: %q", out)
-	}
+	assert.True(t, strings.Contains(out, "502") || strings.Contains(out, "egress: upstream"), "no upstream error when the API is down: %q", out)
 	places := map[string]string{"the upstream error": out}
 	for name, args := range map[string][]string{
 		"the log (JSON)": {"log", "--json", "--limit", "0"}, "the log table": {"log", "--limit", "0"},
 		"the metrics": {"metrics"}, "the secret list": {"secret", "list", "--json"}, "the agent list": {"agent", "list", "--json"},
 	} {
 		var b strings.Builder
-		if err := w.cli(&b, args...); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, w.cli(&b, args...), name)
 		places[name] = b.String()
 	}
 	for _, args := range [][]string{{"policy", "show", "nobody"}, {"policy", "set", "nobody", "--allow", "example.com"}, {"exec", "nobody", "--", "true"}} {
-		if err := w.cli(io.Discard, args...); err == nil || !strings.Contains(err.Error(), `no agent "nobody"`) {
-			t.Errorf("agenthold %v for an unknown agent: %v, want no agent", args, err)
-		}
+		assert.ErrorContains(t, w.cli(io.Discard, args...), `no agent "nobody"`, "agenthold %v for an unknown agent", args)
 	}
 	env, err := w.inSandbox("alice", "env")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	places["alice's environment"] = env
 	echo, err := w.inSandbox("alice", `curl -sS https://echo.example.com/ -H "Authorization: Bearer $ANTHROPIC_API_KEY" -H "X-Api-Key: $GITHUB_TOKEN"`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	places["a host without a rule"] = echo
 	serverLog, _ := os.ReadFile(filepath.Join(w.dir, "server.log"))
 	places["the server's log"] = string(serverLog)
@@ -218,29 +189,21 @@ func TestDemoWorld(t *testing.T) {
 	}
 	for where, text := range places {
 		for _, v := range []string{demoAnthropicKey, demoGitHubToken} {
-			if strings.Contains(text, v) {
-				t.Errorf("a secret value is in %s", where)
-			}
+			// Not assert.NotContains: its message would print the secret.
+			assert.False(t, strings.Contains(text, v), "a secret value is in %s", where)
 		}
 	}
-	if !strings.Contains(echo, "agenthold-placeholder-") {
-		t.Errorf("the host without a rule did not get the placeholder: %q", echo)
-	}
+	assert.Contains(t, echo, "agenthold-placeholder-", "the host without a rule did not get the placeholder")
 
 	// An agent can adopt a namespace made elsewhere; deleting the agent
 	// unwires it but leaves the namespace to its owner.
 	adopted, err := netns.Add(netns.Unique("ahadopt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer adopted.Delete()
-	if err := w.cli(io.Discard, "agent", "create", "carol", "--mode", "allowlist", "--allow", "www.example.com", "--netns", adopted.Path()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, w.cli(io.Discard, "agent", "create", "carol", "--mode", "allowlist", "--allow", "www.example.com", "--netns", adopted.Path()))
 	out, err = w.inSandbox("carol", "curl -sS http://www.example.com/")
-	if err != nil || !strings.Contains(out, "Example Domain") {
-		t.Fatalf("the adopted namespace has no gateway: %v %q", err, out)
-	}
+	require.NoError(t, err, "the adopted namespace has no gateway: %q", out)
+	require.Contains(t, out, "Example Domain", "the adopted namespace has no gateway")
 	// The production path: a container joins the adopted namespace. Here
 	// the confinement a runtime would set up comes from util-linux (new
 	// mount and PID namespaces, an unprivileged uid, no capability,
@@ -255,21 +218,17 @@ func TestDemoWorld(t *testing.T) {
 	assert.Contains(t, string(out2), "4242\n")
 	assert.Contains(t, string(out2), "CapEff:\t0000000000000000")
 	assert.Contains(t, string(out2), "Example Domain", "a container in the adopted namespace reaches the web through the gateway")
-	if err := w.cli(io.Discard, "agent", "delete", "carol"); err != nil {
-		t.Fatal(err)
-	}
-	if links, err := adopted.Run(context.Background(), "ip", "-o", "link"); err != nil || strings.Contains(links, "eth0") {
-		t.Errorf("the adopted namespace kept its link after delete (%v): %s", err, links)
-	}
+	require.NoError(t, w.cli(io.Discard, "agent", "delete", "carol"))
+	links, err := adopted.Run(context.Background(), "ip", "-o", "link")
+	assert.NoError(t, err, "the adopted namespace's links after delete: %s", links)
+	assert.NotContains(t, links, "eth0", "the adopted namespace kept its link after delete")
 
 	names := []string{w.gw.Name, w.inet.Name, nsName(filepath.Join(w.dir, "data"), "alice"), nsName(filepath.Join(w.dir, "data"), "bob")}
 	w.teardown()
 	torn = true
 	list, _ := exec.CommandContext(context.Background(), "ip", "netns", "list").Output()
 	for _, n := range names {
-		if strings.Contains(string(list), n) {
-			t.Errorf("namespace %s left behind", n)
-		}
+		assert.NotContains(t, string(list), n, "namespace %s left behind", n)
 	}
 }
 
@@ -480,6 +439,6 @@ func (w *world) agentInfo(t *testing.T, name string) AgentInfo {
 			return a
 		}
 	}
-	t.Fatalf("no agent %s", name)
+	require.FailNow(t, fmt.Sprintf("no agent %s", name))
 	return AgentInfo{}
 }

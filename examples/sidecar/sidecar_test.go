@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/egresslog"
@@ -90,74 +92,60 @@ func (c container) mounts(volume string) bool {
 // sandbox never runs as the exempt uid.
 func TestManifests(t *testing.T) {
 	data, err := os.ReadFile("deploy/pod.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var m manifest
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
-	if err := dec.Decode(&m); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, dec.Decode(&m))
 	byName := map[string]container{}
 	for _, c := range append(m.Spec.InitContainers, m.Spec.Containers...) {
 		byName[c.Name] = c
-		if len(c.SecurityContext.Capabilities.Drop) != 1 || c.SecurityContext.Capabilities.Drop[0] != "ALL" {
-			t.Errorf("%s does not drop ALL capabilities", c.Name)
-		}
-		if c.SecurityContext.RunAsUser == nil {
-			t.Errorf("%s does not set runAsUser", c.Name)
-		}
+		assert.Equal(t, []string{"ALL"}, c.SecurityContext.Capabilities.Drop, "%s does not drop ALL capabilities", c.Name)
+		assert.NotNil(t, c.SecurityContext.RunAsUser, "%s does not set runAsUser", c.Name)
 	}
 	rules, sidecar, trust, sandbox := byName["egress-rules"], byName["egress-sidecar"], byName["egress-trust"], byName["sandbox"]
-	if got := rules.SecurityContext.Capabilities.Add; len(got) != 1 || got[0] != "NET_ADMIN" {
-		t.Errorf("egress-rules adds %v, want exactly NET_ADMIN", got)
-	}
-	if len(sidecar.SecurityContext.Capabilities.Add) != 0 || *sidecar.SecurityContext.RunAsUser != 1337 || sidecar.RestartPolicy != "Always" {
-		t.Errorf("egress-sidecar: caps %v, uid %d, restartPolicy %q", sidecar.SecurityContext.Capabilities.Add, *sidecar.SecurityContext.RunAsUser, sidecar.RestartPolicy)
-	}
+	assert.Equal(t, []string{"NET_ADMIN"}, rules.SecurityContext.Capabilities.Add, "egress-rules adds capabilities: want exactly NET_ADMIN")
+	assert.Empty(t, sidecar.SecurityContext.Capabilities.Add, "egress-sidecar: caps")
+	assert.Equal(t, int64(1337), *sidecar.SecurityContext.RunAsUser, "egress-sidecar: uid")
+	assert.Equal(t, "Always", sidecar.RestartPolicy, "egress-sidecar: restartPolicy")
 	for _, p := range []*probe{sidecar.StartupProbe, sidecar.ReadinessProbe, sidecar.LivenessProbe} {
-		if p == nil || p.HTTPGet.Port != 15004 {
-			t.Errorf("a sidecar probe is missing or not on the health port 15004")
+		if assert.NotNil(t, p, "a sidecar probe is missing") {
+			assert.Equal(t, 15004, p.HTTPGet.Port, "a sidecar probe is not on the health port 15004")
 		}
 	}
 	for _, c := range append(m.Spec.InitContainers, m.Spec.Containers...) {
-		if c.Name != "egress-sidecar" && (c.mounts("egress-policy") || c.mounts("egress-credentials")) {
-			t.Errorf("%s mounts the sidecar's policy or credentials", c.Name)
+		if c.Name != "egress-sidecar" {
+			assert.False(t, c.mounts("egress-policy"), "%s mounts the sidecar's policy", c.Name)
+			assert.False(t, c.mounts("egress-credentials"), "%s mounts the sidecar's credentials", c.Name)
 		}
-		if c.Name != "egress-rules" && len(c.SecurityContext.Capabilities.Add) != 0 {
-			t.Errorf("%s adds capabilities %v", c.Name, c.SecurityContext.Capabilities.Add)
+		if c.Name != "egress-rules" {
+			assert.Empty(t, c.SecurityContext.Capabilities.Add, "%s adds capabilities", c.Name)
 		}
 	}
-	if *sandbox.SecurityContext.RunAsUser == 1337 || *trust.SecurityContext.RunAsUser == 1337 {
-		t.Error("the sandbox (or its trust step) runs as the exempt uid 1337")
-	}
-	if !sidecar.mounts("egress-policy") || !sidecar.mounts("egress-credentials") || !sandbox.mounts("egress-trust") {
-		t.Error("volumes are not where they belong")
-	}
+	assert.NotEqual(t, int64(1337), *sandbox.SecurityContext.RunAsUser, "the sandbox runs as the exempt uid 1337")
+	assert.NotEqual(t, int64(1337), *trust.SecurityContext.RunAsUser, "the sandbox's trust step runs as the exempt uid 1337")
+	assert.True(t, sidecar.mounts("egress-policy"), "volumes are not where they belong: egress-sidecar does not mount egress-policy")
+	assert.True(t, sidecar.mounts("egress-credentials"), "volumes are not where they belong: egress-sidecar does not mount egress-credentials")
+	assert.True(t, sandbox.mounts("egress-trust"), "volumes are not where they belong: sandbox does not mount egress-trust")
 	for _, v := range m.Spec.Volumes {
-		if v.Name == "egress-credentials" && (v.EmptyDir == nil || v.EmptyDir.Medium != "Memory") {
-			t.Error("the credentials volume is not a tmpfs (emptyDir, medium Memory)")
+		if v.Name == "egress-credentials" && assert.NotNil(t, v.EmptyDir, "the credentials volume is not a tmpfs (emptyDir, medium Memory)") {
+			assert.Equal(t, "Memory", v.EmptyDir.Medium, "the credentials volume is not a tmpfs (emptyDir, medium Memory)")
 		}
 	}
-	if p, err := policy.Load("deploy/policy.example.yaml"); err != nil || !p.Decide("api.anthropic.com", 443).Allowed {
-		t.Errorf("policy.example.yaml: %v", err)
+	if p, err := policy.Load("deploy/policy.example.yaml"); assert.NoError(t, err, "policy.example.yaml") {
+		assert.True(t, p.Decide("api.anthropic.com", 443).Allowed, "policy.example.yaml: api.anthropic.com:443 is not allowed")
 	}
 	var creds []Credential
 	cdata, _ := os.ReadFile("deploy/credentials.example.yaml")
-	if err := yaml.Unmarshal(cdata, &creds); err != nil || len(creds) != 1 || creds[0].Placeholder == "" {
-		t.Errorf("credentials.example.yaml: %v %+v", err, creds)
+	if err := yaml.Unmarshal(cdata, &creds); assert.NoError(t, err, "credentials.example.yaml") && assert.Len(t, creds, 1, "credentials.example.yaml") {
+		assert.NotEmpty(t, creds[0].Placeholder, "credentials.example.yaml: placeholder")
 	}
 }
 
 func TestInstallCARefusesExemptUID(t *testing.T) {
 	err := cmdInstallCA([]string{"--bundle", filepath.Join(t.TempDir(), "b.pem"), "--exempt-uid", fmt.Sprint(os.Getuid()), "--wait", "0s"})
-	if err == nil || !strings.Contains(err.Error(), "exempt from the egress redirect") {
-		t.Fatalf("install-ca as the exempt uid: %v", err)
-	}
+	require.ErrorContains(t, err, "exempt from the egress redirect", "install-ca as the exempt uid")
 	err = cmdInstallCA([]string{"--bundle", filepath.Join(t.TempDir(), "b.pem"), "--base", "/nonexistent/ca.crt", "--exempt-uid", "54321", "--wait", "0s"})
-	if err == nil || !strings.Contains(err.Error(), "needs /nonexistent/ca.crt") {
-		t.Fatalf("install-ca without a base bundle: %v", err)
-	}
+	require.ErrorContains(t, err, "needs /nonexistent/ca.crt", "install-ca without a base bundle")
 }
 
 // pod is a network namespace standing in for the Pod, an internet
@@ -223,68 +211,62 @@ func TestPodInNamespaces(t *testing.T) {
 
 	step("each port reaches its listener")
 	before := p.stats()
-	if out, err := p.sandbox("curl", "-sS", "--max-time", "5", "http://api.test/"); err != nil {
-		t.Fatalf("port 80: %v %s", err, out)
-	}
-	if out, err := p.sandbox("curl", "-sS", "--max-time", "5", "--cacert", p.bundle, "https://other.test/"); err != nil {
-		t.Fatalf("port 443: %v %s", err, out)
-	}
-	if out, err := p.sandbox("bash", "-c", "exec 3<>/dev/tcp/api.test/2222; head -1 <&3"); err != nil || !strings.HasPrefix(out, "BANNER") {
-		t.Fatalf("port 2222: %v %q", err, out)
-	}
+	out, err := p.sandbox("curl", "-sS", "--max-time", "5", "http://api.test/")
+	require.NoError(t, err, "port 80: %s", out)
+	out, err = p.sandbox("curl", "-sS", "--max-time", "5", "--cacert", p.bundle, "https://other.test/")
+	require.NoError(t, err, "port 443: %s", out)
+	out, err = p.sandbox("bash", "-c", "exec 3<>/dev/tcp/api.test/2222; head -1 <&3")
+	require.NoError(t, err, "port 2222: %q", out)
+	require.True(t, strings.HasPrefix(out, "BANNER"), "port 2222: %q", out)
 	after := p.stats()
 	for port, want := range map[string]int64{"15001": 1, "15002": 1, "15003": 1} {
-		if got := after[port] - before[port]; got != want {
-			t.Errorf("listener %s accepted %d connections, want %d", port, got, want)
-		}
+		assert.Equal(t, want, after[port]-before[port], "connections listener %s accepted", port)
 	}
 
 	step("credentials: injected for their host only")
-	out, err := p.sandbox("curl", "-sS", "--max-time", "5", "--cacert", p.bundle, "-H", "Authorization: Bearer "+testPlaceholder, "https://api.test/")
-	if err != nil || !strings.Contains(out, "Authorization=Bearer "+testCredential) || !strings.Contains(out, "X-Api-Key="+testCredential) {
-		t.Fatalf("to the credential's host: %v %q", err, out)
-	}
+	out, err = p.sandbox("curl", "-sS", "--max-time", "5", "--cacert", p.bundle, "-H", "Authorization: Bearer "+testPlaceholder, "https://api.test/")
+	require.NoError(t, err, "to the credential's host: %q", out)
+	require.Contains(t, out, "Authorization=Bearer "+testCredential, "to the credential's host")
+	require.Contains(t, out, "X-Api-Key="+testCredential, "to the credential's host")
 	out, err = p.sandbox("curl", "-sS", "--max-time", "5", "--cacert", p.bundle, "-H", "Authorization: Bearer "+testPlaceholder, "https://other.test/")
-	if err != nil || strings.Contains(out, testCredential) || !strings.Contains(out, testPlaceholder) {
-		t.Fatalf("to another host: %v %q", err, out)
-	}
+	require.NoError(t, err, "to another host: %q", out)
+	require.NotContains(t, out, testCredential, "to another host")
+	require.Contains(t, out, testPlaceholder, "to another host")
 
 	step("the exempt uid bypasses the redirect, and no other uid does")
 	p.writePolicy("enforce: true\nallowOut: [other.test]\n")
 	p.awaitHTTP(false)
-	if out, err := p.as(sidecarUID, "curl", "-sS", "--max-time", "5", "http://"+upstream+"/"); err != nil || !strings.Contains(out, "host="+upstream) {
-		t.Fatalf("as uid %d: %v %q", sidecarUID, err, out)
-	}
+	out, err = p.as(sidecarUID, "curl", "-sS", "--max-time", "5", "http://"+upstream+"/")
+	require.NoError(t, err, "as uid %d: %q", sidecarUID, out)
+	require.Contains(t, out, "host="+upstream, "as uid %d", sidecarUID)
 	for _, uid := range []int{0, sandboxUID, 4242} {
-		if out, _ := p.as(uid, "curl", "-sS", "--max-time", "5", "http://"+upstream+"/"); strings.Contains(out, "host=") || !strings.Contains(out, "egress denied") {
-			t.Fatalf("uid %d was not redirected and denied: %q", uid, out)
-		}
+		out, _ := p.as(uid, "curl", "-sS", "--max-time", "5", "http://"+upstream+"/")
+		require.NotContains(t, out, "host=", "uid %d was not redirected and denied", uid)
+		require.Contains(t, out, "egress denied", "uid %d was not redirected and denied", uid)
 	}
 
 	step("the health port is never judged or logged as a denial")
-	if out, err := p.in.Run(context.Background(), "curl", "-sS", "--max-time", "5", "http://198.18.0.2:15004/healthz"); err != nil || strings.TrimSpace(out) != "ok" {
-		t.Fatalf("probe from outside: %v %q", err, out)
-	}
-	if out, err := p.sandbox("curl", "-sS", "--max-time", "5", "http://127.0.0.1:15004/healthz"); err != nil || strings.TrimSpace(out) != "ok" {
-		t.Fatalf("probe from inside: %v %q", err, out)
-	}
+	out, err = p.in.Run(context.Background(), "curl", "-sS", "--max-time", "5", "http://198.18.0.2:15004/healthz")
+	require.NoError(t, err, "probe from outside: %q", out)
+	require.Equal(t, "ok", strings.TrimSpace(out), "probe from outside")
+	out, err = p.sandbox("curl", "-sS", "--max-time", "5", "http://127.0.0.1:15004/healthz")
+	require.NoError(t, err, "probe from inside: %q", out)
+	require.Equal(t, "ok", strings.TrimSpace(out), "probe from inside")
 	for _, r := range p.readRecords() {
-		if r.Port == 15004 || strings.Contains(r.Host, "15004") {
-			t.Errorf("the health port was recorded: %+v", r)
-		}
+		assert.NotEqual(t, uint16(15004), r.Port, "the health port was recorded: %+v", r)
+		assert.NotContains(t, r.Host, "15004", "the health port was recorded: %+v", r)
 	}
 
 	step("a stopped sidecar removes the credentials and leaves no network")
 	p.sidecar.Process.Signal(os.Interrupt)
 	p.sidecar.Wait()
-	if _, err := os.Stat(p.creds); !os.IsNotExist(err) {
-		t.Error("the credentials file outlived the sidecar")
-	}
+	_, err = os.Stat(p.creds)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the credentials file outlived the sidecar")
 	p.writePolicy(good)
 	for _, url := range []string{"http://api.test/", "http://" + upstream + "/"} {
-		if out, err := p.sandbox("curl", "-sS", "--max-time", "5", url); err == nil || strings.Contains(out, "host=") {
-			t.Fatalf("the sandbox reached %s without its sidecar: %q", url, out)
-		}
+		out, err := p.sandbox("curl", "-sS", "--max-time", "5", url)
+		require.Error(t, err, "the sandbox reached %s without its sidecar: %q", url, out)
+		require.NotContains(t, out, "host=", "the sandbox reached %s without its sidecar", url)
 	}
 }
 
@@ -295,24 +277,16 @@ const (
 
 func newPod(t *testing.T) *pod {
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	dir, err := os.MkdirTemp("", "sidecar-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	os.Chmod(dir, 0o777)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	// The build directory is root's alone: give the other uids a copy.
 	bin, err := os.ReadFile(self)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	copyPath := filepath.Join(dir, "sidecar")
-	if err := os.WriteFile(copyPath, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(copyPath, bin, 0o755))
 	p := &pod{t: t, dir: dir, self: copyPath}
 	p.policy = filepath.Join(dir, "policy", "policy.yaml")
 	os.Mkdir(filepath.Dir(p.policy), 0o755)
@@ -321,35 +295,24 @@ func newPod(t *testing.T) *pod {
 	os.Mkdir(filepath.Dir(p.creds), 0o700)
 	os.Chown(filepath.Dir(p.creds), sidecarUID, sidecarUID)
 	creds := fmt.Sprintf("- hosts: [api.test]\n  header: X-Api-Key\n  value: %s\n  placeholder: %s\n", testCredential, testPlaceholder)
-	if err := os.WriteFile(p.creds, []byte(creds), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(p.creds, []byte(creds), 0o600))
 	os.Chown(p.creds, sidecarUID, sidecarUID)
 
-	var addErr error
-	if p.ns, addErr = netns.Add(netns.Unique("pod")); addErr != nil {
-		t.Fatal(addErr)
-	}
+	p.ns, err = netns.Add(netns.Unique("pod"))
+	require.NoError(t, err)
 	t.Cleanup(func() { p.ns.Delete() })
-	if p.in, addErr = netns.Add(netns.Unique("inet")); addErr != nil {
-		t.Fatal(addErr)
-	}
+	p.in, err = netns.Add(netns.Unique("inet"))
+	require.NoError(t, err)
 	t.Cleanup(func() { p.in.Delete() })
 	a, b := netns.Unique("vp"), netns.Unique("vi")
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(netns.Veth(p.ns, a, p.in, b))
-	must(p.ns.IP("addr", "add", "198.18.0.2/24", "dev", a))
-	must(p.ns.IP("route", "add", "default", "via", "198.18.0.1"))
+	require.NoError(t, netns.Veth(p.ns, a, p.in, b))
+	require.NoError(t, p.ns.IP("addr", "add", "198.18.0.2/24", "dev", a))
+	require.NoError(t, p.ns.IP("route", "add", "default", "via", "198.18.0.1"))
 	// Like a Pod's cluster DNS: an address off the Pod, which the rules
 	// redirect to the sidecar.
-	must(p.ns.SetResolvConf("nameserver 198.18.0.53\n"))
-	must(p.in.IP("addr", "add", "198.18.0.1/24", "dev", b))
-	must(p.in.IP("addr", "add", upstream+"/32", "dev", "lo"))
+	require.NoError(t, p.ns.SetResolvConf("nameserver 198.18.0.53\n"))
+	require.NoError(t, p.in.IP("addr", "add", "198.18.0.1/24", "dev", b))
+	require.NoError(t, p.in.IP("addr", "add", upstream+"/32", "dev", "lo"))
 	p.startInternet()
 	return p
 }
@@ -359,9 +322,7 @@ func newPod(t *testing.T) *pod {
 func (p *pod) startInternet() {
 	t := p.t
 	root, err := mitm.NewCA("Test Public Root")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	base := filepath.Join(p.dir, "roots.pem")
 	os.WriteFile(base, root.PEM(), 0o644)
 	leaves := &mitm.Leaves{CA: root}
@@ -422,9 +383,7 @@ func (p *pod) startInternet() {
 		}()
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p.bundle = filepath.Join(p.dir, "bundle.pem")
 	p.baseRoots = base
 }
@@ -438,20 +397,15 @@ func (p *pod) startSidecar() {
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1")
 	cmd.Stderr = os.Stderr
 	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, cmd.Start())
 	p.sidecar = cmd
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if err := readyline.Wait(stdout, "sidecar: ready", 30*time.Second); err != nil {
-		t.Fatalf("the sidecar did not get ready: %v", err)
-	}
-	if out, err := p.as(sandboxUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle); err != nil {
-		t.Fatalf("install-ca: %v %s", err, out)
-	}
-	if out, err := p.as(sidecarUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle+".x"); err == nil || !strings.Contains(out, "refusing to run as uid 1337") {
-		t.Fatalf("install-ca as uid 1337 was not refused: %s", out)
-	}
+	require.NoError(t, readyline.Wait(stdout, "sidecar: ready", 30*time.Second), "the sidecar did not get ready")
+	out, err := p.as(sandboxUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle)
+	require.NoError(t, err, "install-ca: %s", out)
+	out, err = p.as(sidecarUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle+".x")
+	require.Error(t, err, "install-ca as uid 1337 was not refused: %s", out)
+	require.Contains(t, out, "refusing to run as uid 1337", "install-ca as uid 1337 was not refused")
 }
 
 // as runs a command in the Pod as uid. ip netns exec gives it the Pod's
@@ -474,19 +428,14 @@ func (p *pod) sandbox(name string, args ...string) (string, error) {
 
 func (p *pod) run(uid int, name string, args ...string) {
 	p.t.Helper()
-	if out, err := p.as(uid, name, args...); err != nil {
-		p.t.Fatalf("%s %v: %v %s", name, args, err, out)
-	}
+	out, err := p.as(uid, name, args...)
+	require.NoError(p.t, err, "%s %v: %s", name, args, out)
 }
 
 func (p *pod) writePolicy(content string) {
 	tmp := p.policy + ".tmp"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		p.t.Fatal(err)
-	}
-	if err := os.Rename(tmp, p.policy); err != nil {
-		p.t.Fatal(err)
-	}
+	require.NoError(p.t, os.WriteFile(tmp, []byte(content), 0o644))
+	require.NoError(p.t, os.Rename(tmp, p.policy))
 }
 
 // awaitHTTP waits until plain HTTP to api.test is allowed, or denied.
@@ -499,7 +448,7 @@ func (p *pod) awaitHTTP(allowed bool) {
 			return
 		}
 		if time.Now().After(deadline) {
-			p.t.Fatalf("plain HTTP to api.test: %q %v; want allowed=%v", out, err, allowed)
+			require.Failf(p.t, "timed out", "plain HTTP to api.test: %q %v; want allowed=%v", out, err, allowed)
 		}
 		time.Sleep(100 * time.Millisecond) // the watcher applies the file within a second
 	}
@@ -510,26 +459,19 @@ func (p *pod) dnsFailsFast(name string) {
 	p.t.Helper()
 	start := time.Now()
 	out, err := p.sandbox("getent", "hosts", name)
-	if err == nil {
-		p.t.Fatalf("%s resolved under deny-all: %s", name, out)
-	}
-	if took := time.Since(start); took > 4*time.Second {
-		p.t.Fatalf("the lookup took %v: DNS hung instead of answering NXDOMAIN", took)
-	}
+	require.Error(p.t, err, "%s resolved under deny-all: %s", name, out)
+	took := time.Since(start)
+	require.LessOrEqual(p.t, took, 4*time.Second, "the lookup took %v: DNS hung instead of answering NXDOMAIN", took)
 }
 
 func (p *pod) stats() map[string]int64 {
 	p.t.Helper()
 	out, err := p.sandbox("curl", "-sS", "--max-time", "5", "http://127.0.0.1:15004/stats")
-	if err != nil {
-		p.t.Fatalf("stats: %v %s", err, out)
-	}
+	require.NoError(p.t, err, "stats: %s", out)
 	var s struct {
 		Accepted map[string]int64 `json:"accepted"`
 	}
-	if err := json.Unmarshal([]byte(out), &s); err != nil {
-		p.t.Fatalf("stats: %v %s", err, out)
-	}
+	require.NoError(p.t, json.Unmarshal([]byte(out), &s), "stats: %s", out)
 	return s.Accepted
 }
 

@@ -1,11 +1,13 @@
 package readyline
 
 import (
-	"errors"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestWaitFindsTheLineAndKeepsDraining(t *testing.T) {
@@ -19,28 +21,23 @@ func TestWaitFindsTheLineAndKeepsDraining(t *testing.T) {
 		io.WriteString(w, strings.Repeat("log line\n", 1000))
 		w.Close()
 	}()
-	if err := Wait(r, "ready", 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, Wait(r, "ready", 5*time.Second))
 	select {
 	case <-written:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the output was not drained after the ready line")
+		require.Fail(t, "the output was not drained after the ready line")
 	}
 }
 
 func TestWaitFailsWhenTheOutputEnds(t *testing.T) {
 	err := Wait(strings.NewReader("starting\nreadyish\n"), "ready", 5*time.Second)
-	if !errors.Is(err, ErrEnded) {
-		t.Fatalf("got %v, want ErrEnded", err)
-	}
+	assert.ErrorIs(t, err, ErrEnded)
 }
 
 func TestWaitTimesOut(t *testing.T) {
 	r, w := io.Pipe()
 	defer w.Close()
 	err := Wait(r, "ready", 50*time.Millisecond)
-	if err == nil || errors.Is(err, ErrEnded) {
-		t.Fatalf("got %v, want a timeout", err)
-	}
+	assert.Error(t, err, "want a timeout")
+	assert.NotErrorIs(t, err, ErrEnded, "want a timeout")
 }

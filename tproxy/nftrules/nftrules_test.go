@@ -16,6 +16,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/internal/netns"
 	"github.com/agenthold/egress/internal/testkit"
@@ -50,15 +52,9 @@ func recordBatch(t *testing.T, build func(*Rules) error) string {
 		}
 		return acks, nil
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := build(r); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.conn.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, build(r))
+	require.NoError(t, r.conn.Flush())
 	var b strings.Builder
 	for _, m := range msgs {
 		b.WriteString(hex.EncodeToString(m.Data))
@@ -71,17 +67,11 @@ func checkGolden(t *testing.T, name, got string) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
 	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
 	}
 	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("%s differs from the golden file:\n got:\n%s\nwant:\n%s", name, got, want)
-	}
+	require.NoError(t, err, "run with -update to create it")
+	assert.Equal(t, string(want), got, "%s differs from the golden file", name)
 }
 
 // TestRulesetBytes checks, without root, the exact netlink batch each mode
@@ -100,9 +90,7 @@ func nftList(t *testing.T, n *netns.NS) string {
 		t.Skip("requires the nft command (apt-get install nftables)")
 	}
 	out, err := n.Run(context.Background(), "nft", "list", "ruleset")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return handles.ReplaceAllString(out, "")
 }
 
@@ -122,36 +110,21 @@ func TestRulesetInKernel(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := testkit.NewNS(t, "nft")
 			crashed, err := tc.apply(n.Path()) // left behind, as by a crash
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			crashed.release()
 			r, err := tc.apply(n.Path())
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			checkGolden(t, tc.name+".nft.golden", nftList(t, n))
 			if tc.name == "gateway" {
-				if err := r.AddInterface("veth-agent3"); err != nil {
-					t.Fatal(err)
-				}
-				if err := r.RemoveInterface("veth-agent1"); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, r.AddInterface("veth-agent3"))
+				require.NoError(t, r.RemoveInterface("veth-agent1"))
 				out := nftList(t, n)
-				if !strings.Contains(out, `"veth-agent3"`) || strings.Contains(out, `"veth-agent1"`) {
-					t.Errorf("interface set not updated:\n%s", out)
-				}
+				assert.Contains(t, out, `"veth-agent3"`, "interface set not updated")
+				assert.NotContains(t, out, `"veth-agent1"`, "interface set not updated")
 			}
-			if err := r.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if out := strings.TrimSpace(nftList(t, n)); out != "" {
-				t.Errorf("after Close the namespace still has:\n%s", out)
-			}
-			if err := r.Close(); err != nil {
-				t.Errorf("second Close: %v", err)
-			}
+			require.NoError(t, r.Close())
+			assert.Empty(t, strings.TrimSpace(nftList(t, n)), "after Close the namespace still has rules")
+			assert.NoError(t, r.Close(), "second Close")
 		})
 	}
 }
@@ -160,12 +133,9 @@ func TestNoNetworkRules(t *testing.T) {
 	testkit.RequireNamespaces(t)
 	n := testkit.NewNS(t, "nft")
 	r, err := GatewayRules{Table: "egress_test", NetNS: n.Path(), Interfaces: []string{"veth-agent1"}, NoNetwork: true}.Apply()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer r.Close()
 	out := nftList(t, n)
-	if strings.Contains(out, "redirect") || !strings.Contains(out, "chain agent_in {\n\t\tdrop\n\t}") {
-		t.Fatalf("no-network rules:\n%s", out)
-	}
+	require.NotContains(t, out, "redirect", "no-network rules")
+	require.Contains(t, out, "chain agent_in {\n\t\tdrop\n\t}", "no-network rules")
 }
