@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,9 +14,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/agenthold/egress/internal/netns"
 )
@@ -276,6 +279,27 @@ func TestSandboxConfinement(t *testing.T) {
 	}
 	require.NotEmpty(t, bobNS)
 	serverPID := w.server.Process.Pid
+	alice := w.agentInfo(t, "alice")
+
+	// A key in the caller's session keyring (a login's holds the
+	// operator's), a world-writable directory on the host, and a service
+	// on the tunnel port, which is closed by default.
+	key, err := unix.AddKey("user", "agenthold-operator-token", []byte("operator-secret"), unix.KEY_SPEC_SESSION_KEYRING)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.KeyctlInt(unix.KEYCTL_INVALIDATE, key, 0, 0, 0) })
+	shared, err := os.MkdirTemp("/var/lib", "agenthold-shared-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(shared) })
+	require.NoError(t, os.Chmod(shared, 0o1777))
+	var tunnel net.Listener
+	require.NoError(t, w.gw.Do(func() (err error) { tunnel, err = net.Listen("tcp", ":15022"); return err }))
+	defer tunnel.Close()
+	go func() {
+		for c, err := tunnel.Accept(); err == nil; c, err = tunnel.Accept() {
+			c.Write([]byte("tunnel-service\n"))
+			c.Close()
+		}
+	}()
 
 	// Each probe prints one line: the name of the escape, then "blocked"
 	// or what it got.
@@ -297,6 +321,11 @@ func TestSandboxConfinement(t *testing.T) {
 		{"the demo's files in /tmp", `[ ! -e ` + w.dir + `/agenthold.yaml ] && echo blocked`},
 		{"no inherited descriptor", `[ "$(ls /proc/self/fd | sort -n | tr '\n' ' ')" = "0 1 2 3 " ] && echo blocked`},
 		{"writes to the host", `touch /etc/agenthold-escape 2>/dev/null || echo blocked`},
+		{"a world-writable host directory", `touch ` + shared + `/planted 2>/dev/null || echo blocked`},
+		{"the host's /run and its lock files", `[ -z "$(ls -A /run)" ] && [ ! -e /run/lock ] && echo blocked`},
+		{"the operator's keyring", `grep -q agenthold-operator-token /proc/keys || echo blocked`},
+		{"the tunnel port", `timeout 3 bash -c 'exec 3<>/dev/tcp/` + alice.Gateway4 + `/15022; head -1 <&3' 2>/dev/null | grep -q tunnel-service || echo blocked`},
+		{"the list of namespaces in /etc/netns", `[ -z "$(ls -A /etc/netns 2>/dev/null)" ] && echo blocked`},
 	}
 	var script strings.Builder
 	for _, p := range probes {
@@ -309,12 +338,27 @@ func TestSandboxConfinement(t *testing.T) {
 	}
 	_, err = os.Stat("/etc/agenthold-escape")
 	assert.ErrorIs(t, err, os.ErrNotExist)
+	_, err = os.Stat(filepath.Join(shared, "planted"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+
+	// A regular file the operator's output goes to reaches the sandbox as
+	// a pipe: it cannot reopen the file through /proc to read it.
+	outFile := filepath.Join(t.TempDir(), "out.log")
+	require.NoError(t, os.WriteFile(outFile, []byte("operator-line\n"), 0o644))
+	f, err := os.OpenFile(outFile, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	cmd := exec.Command(w.self, "exec", "alice", "--", "sh", "-c", "readlink /proc/self/fd/1")
+	cmd.Env, cmd.Stdout = w.env(), f
+	require.NoError(t, cmd.Run())
+	f.Close()
+	written, err := os.ReadFile(outFile)
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^pipe:\[`, string(written), "the sandbox's stdout is a pipe, relayed to the file")
 
 	// The same sandbox, as the same user: TLS passed through to an
 	// allowed host, and an intercepted host that sees the injected key.
 	out, err = w.inSandbox("alice", `id -u; curl -sS --noproxy '*' https://registry.npmjs.org/x; echo; curl -sS -N --noproxy '*' https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}'`)
 	require.NoError(t, err, out)
-	alice := w.agentInfo(t, "alice")
 	assert.Contains(t, out, fmt.Sprintf("%d\n", alice.UID))
 	assert.NotEqual(t, uint32(0), alice.UID)
 	assert.Contains(t, out, `"served-by":"registry.npmjs.org"`)
@@ -335,6 +379,67 @@ func TestSandboxConfinement(t *testing.T) {
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee)
 	assert.Equal(t, 7, ee.ExitCode())
+}
+
+// TestExecTerminal: an operator at a terminal gives the sandbox a
+// pseudo-terminal of its own, whose settings the sandbox may change
+// without changing the operator's.
+func TestExecTerminal(t *testing.T) {
+	if _, err := exec.LookPath("script"); err != nil {
+		t.Skip("requires script (util-linux) for a terminal")
+	}
+	w := requireWorld(t)
+	inner := w.self + ` exec alice -- sh -c 'stty -echo; echo "inside: $(tty)"'; stty -a | grep -o -- " -\?echo " | head -1 | sed "s/^/after: /"`
+	cmd := exec.Command("script", "-qec", inner, "/dev/null")
+	cmd.Env = w.env()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Regexp(t, `inside: /dev/pts/\d+`, string(out), "the sandbox has a terminal")
+	assert.Contains(t, string(out), "after:  echo ", "the operator's terminal kept its echo: %s", out)
+}
+
+// TestAgentsNeverShareAUid: a deleted agent's uid (and with it its files
+// and kernel keys) never goes to a later one, an operator's uid is checked,
+// and deleting an agent ends its running sandboxes.
+func TestAgentsNeverShareAUid(t *testing.T) {
+	w := requireWorld(t)
+	alice := w.agentInfo(t, "alice")
+	require.NoError(t, w.cli(io.Discard, "agent", "create", "dave", "--mode", "allowlist", "--allow", "www.example.com"))
+	dave := w.agentInfo(t, "dave")
+	assert.NotEqual(t, alice.UID, dave.UID)
+
+	// A sandbox of dave's, running when dave is deleted.
+	sleeper := exec.Command(w.self, "exec", "dave", "--", "sleep", "60")
+	sleeper.Env = w.env()
+	require.NoError(t, sleeper.Start())
+	done := make(chan error, 1)
+	go func() { done <- sleeper.Wait() }()
+	require.Eventually(t, func() bool {
+		out, _ := exec.Command("pgrep", "-u", fmt.Sprint(dave.UID), "sleep").Output()
+		return len(out) > 0
+	}, 10*time.Second, 50*time.Millisecond, "dave's sandbox did not start")
+	require.NoError(t, w.cli(io.Discard, "agent", "delete", "dave"))
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		sleeper.Process.Kill()
+		t.Fatal("dave's sandbox outlived dave")
+	}
+
+	require.NoError(t, w.cli(io.Discard, "agent", "create", "erin", "--mode", "allowlist", "--allow", "www.example.com"))
+	erin := w.agentInfo(t, "erin")
+	assert.NotEqual(t, dave.UID, erin.UID, "erin got deleted dave's uid")
+	assert.NotEqual(t, alice.UID, erin.UID)
+	for _, args := range [][]string{
+		{"--uid", "1", "--gid", "1"},
+		{"--uid", fmt.Sprint(alice.UID), "--gid", "4242"},
+		{"--uid", "4242"},
+	} {
+		err := w.cli(io.Discard, append([]string{"agent", "create", "frank"}, args...)...)
+		assert.Error(t, err, "uid %v accepted", args)
+	}
+	require.NoError(t, w.cli(io.Discard, "agent", "create", "frank", "--uid", "4242", "--gid", "4242"))
+	assert.Equal(t, uint32(4242), w.agentInfo(t, "frank").UID)
 }
 
 // TestServerCrashRecovery kills the server with SIGKILL while two agents

@@ -51,8 +51,8 @@ type AgentSpec struct {
 	// means agenthold creates one.
 	NetNS string `json:"netns,omitempty"`
 	Index int    `json:"index"` // which network of the pool
-	// UID and GID are what exec runs the agent's commands as; zero means
-	// sandbox.uid_base plus the index.
+	// UID and GID are what exec runs the agent's commands as: the
+	// operator's, or given at creation (see server.sandboxIDs).
 	UID uint32 `json:"uid,omitempty"`
 	GID uint32 `json:"gid,omitempty"`
 }
@@ -192,6 +192,17 @@ func (as *agents) indexFreeLocked(index, limit int) bool {
 		}
 	}
 	return true
+}
+
+// idsInUse are the uids and gids of the registered agents.
+func (as *agents) idsInUse() map[uint32]bool {
+	as.mu.RLock()
+	defer as.mu.RUnlock()
+	used := map[uint32]bool{}
+	for _, a := range as.byID {
+		used[a.uid], used[a.gid] = true, true
+	}
+	return used
 }
 
 // add registers a wired agent and saves the registry.

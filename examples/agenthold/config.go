@@ -71,9 +71,18 @@ type NetworkConfig struct {
 // SandboxConfig is how exec runs an agent's commands.
 type SandboxConfig struct {
 	// UIDBase is the first of the uids (and gids) agents run as: an agent
-	// without its own runs as UIDBase plus its network index.
+	// without its own gets the next never given before, so that no agent
+	// inherits a deleted one's files or keys.
 	UIDBase uint32 `yaml:"uid_base"`
 }
+
+// Sandbox uids: the default first one, far above login users and the
+// subordinate ranges of user namespaces, and the least an operator may
+// give (system accounts lie below).
+const (
+	defaultUIDBase = 2_000_000_000
+	minSandboxUID  = 1000
+)
 
 // masterKeyEnv is the environment variable that may hold the master key.
 const masterKeyEnv = "AGENTHOLD_MASTER_KEY"
@@ -82,10 +91,10 @@ func defaultConfig() Config {
 	return Config{
 		DataDir: "/var/lib/agenthold",
 		Egress: EgressConfig{
-			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, LogKeep: 5000, TunnelPort: 15022,
+			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, LogKeep: 5000,
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
-		Sandbox: SandboxConfig{UIDBase: 200000},
+		Sandbox: SandboxConfig{UIDBase: defaultUIDBase},
 	}
 }
 
@@ -171,6 +180,9 @@ func (c *Config) validate() error {
 	ports := map[string]uint16{"egress.proxy_port": c.Egress.ProxyPort, "egress.explicit_port": c.Egress.ExplicitPort, "egress.dns_port": c.Egress.DNSPort, "egress.tunnel_port": c.Egress.TunnelPort}
 	seen := map[uint16]string{}
 	for key, p := range ports {
+		if p == 0 && key == "egress.tunnel_port" {
+			continue // none
+		}
 		if p == 0 {
 			return fmt.Errorf("config: %s must be a port in 1-65535", key)
 		}
@@ -207,8 +219,8 @@ func (c *Config) validate() error {
 	if c.Egress.LogFile != "" && !filepath.IsAbs(c.Egress.LogFile) {
 		return fmt.Errorf("config: egress.log_file must be an absolute path, not %q", c.Egress.LogFile)
 	}
-	if c.Sandbox.UIDBase == 0 || uint64(c.Sandbox.UIDBase)+uint64(poolSize(p4, p6)) > 1<<31 {
-		return fmt.Errorf("config: sandbox.uid_base must be positive and leave room for every agent of the pool below 2^31, not %d", c.Sandbox.UIDBase)
+	if c.Sandbox.UIDBase < minSandboxUID || uint64(c.Sandbox.UIDBase) >= 1<<31 {
+		return fmt.Errorf("config: sandbox.uid_base must be in %d-%d, not %d", minSandboxUID, 1<<31-1, c.Sandbox.UIDBase)
 	}
 	for i, r := range c.Egress.TokenRefresh {
 		if r.Host == "" || !strings.HasPrefix(r.Path, "/") || r.RefreshSecret == "" {
@@ -259,4 +271,13 @@ func (c *Config) dnsUpstreams() ([]string, string, error) {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// openPorts are the server's ports sandboxes may reach: the explicit
+// proxy's, and the tunnel's if there is one.
+func (c *Config) openPorts() []uint16 {
+	if c.Egress.TunnelPort != 0 {
+		return []uint16{c.Egress.ExplicitPort, c.Egress.TunnelPort}
+	}
+	return []uint16{c.Egress.ExplicitPort}
 }

@@ -77,6 +77,10 @@ const sandboxInitCommand = "__sandbox-init"
 type stage2Spec struct {
 	Info ExecInfo `json:"info"`
 	Argv []string `json:"argv"`
+	// TTYFd is the stdio descriptor that is the sandbox's pseudo-terminal,
+	// to be the command's controlling terminal; -1 for none.
+	TTYFd int    `json:"tty_fd"`
+	Term  string `json:"term"`
 }
 
 // exitCode carries a command's exit status out of run.
@@ -96,7 +100,12 @@ func runSandboxed(info ExecInfo, argv []string) error {
 		return err
 	}
 	defer ns.Close()
-	spec, err := json.Marshal(stage2Spec{Info: info, Argv: argv})
+	stdio, err := newSandboxStdio()
+	if err != nil {
+		return err
+	}
+	defer stdio.close()
+	spec, err := json.Marshal(stage2Spec{Info: info, Argv: argv, TTYFd: stdio.ttyFd, Term: os.Getenv("TERM")})
 	if err != nil {
 		return err
 	}
@@ -121,7 +130,7 @@ func runSandboxed(info ExecInfo, argv []string) error {
 	}
 	cmd := exec.Command(self, sandboxInitCommand)
 	cmd.Env = childEnv()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.files[0], stdio.files[1], stdio.files[2]
 	cmd.ExtraFiles = []*os.File{specR}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
@@ -132,6 +141,7 @@ func runSandboxed(info ExecInfo, argv []string) error {
 		return fmt.Errorf("start the sandbox: %w", err)
 	}
 	specR.Close()
+	stdio.started()
 	_, werr := specW.Write(spec)
 	specW.Close()
 	if werr != nil {
@@ -142,6 +152,7 @@ func runSandboxed(info ExecInfo, argv []string) error {
 	stop := forwardSignals(cmd.Process.Pid)
 	defer stop()
 	err = cmd.Wait()
+	stdio.finish()
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -235,10 +246,15 @@ func sandboxInit() error {
 	if err := unix.Sethostname([]byte(info.Agent)); err != nil {
 		return fmt.Errorf("sandbox: hostname: %w", err)
 	}
+	// A session keyring of its own: the caller's (a login's) holds the
+	// operator's keys, and would carry keys from one sandbox to another.
+	if _, _, errno := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); errno != 0 {
+		return fmt.Errorf("sandbox: a session keyring of its own: %w", errno)
+	}
 	if err := dropPrivileges(); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
-	env := sandboxEnvFor(info)
+	env := sandboxEnvFor(info, spec.Term)
 	path, err := lookPath(spec.Argv[0], env)
 	if err != nil {
 		return err
@@ -248,8 +264,12 @@ func sandboxInit() error {
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{
 			Credential: &syscall.Credential{Uid: info.UID, Gid: info.GID, Groups: []uint32{}},
-			Setsid:     true,
-			Pdeathsig:  syscall.SIGKILL,
+			// A session of its own: the operator's terminal is never its
+			// controlling one (TIOCSTI); its own pseudo-terminal is.
+			Setsid:    true,
+			Setctty:   spec.TTYFd >= 0,
+			Ctty:      max(spec.TTYFd, 0),
+			Pdeathsig: syscall.SIGKILL,
 		},
 	}
 	if err := cmd.Start(); err != nil {
@@ -292,20 +312,16 @@ func sandboxHome(info ExecInfo) string { return "/home/" + info.Agent }
 
 // sandboxEnvFor is the command's whole environment: the server's variables
 // for the agent (placeholders, proxy, CA files) and the basics of a login.
-func sandboxEnvFor(info ExecInfo) []string {
+func sandboxEnvFor(info ExecInfo, term string) []string {
+	if term == "" {
+		term = "dumb"
+	}
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=" + sandboxHome(info), "USER=" + info.Agent, "LOGNAME=" + info.Agent,
-		"TERM=" + cmpString(os.Getenv("TERM"), "dumb"), "LANG=C.UTF-8",
+		"TERM=" + term, "LANG=C.UTF-8",
 	}
 	return append(env, info.Env...)
-}
-
-func cmpString(s, def string) string {
-	if s != "" {
-		return s
-	}
-	return def
 }
 
 // lookPath finds a command by the sandbox's PATH.
@@ -324,137 +340,6 @@ func lookPath(name string, env []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("sandbox: %s: command not found", name)
-}
-
-// confineMounts builds the sandbox's view of the filesystem in its own
-// mount namespace.
-func confineMounts(info ExecInfo) error {
-	// Nothing mounted here propagates back to the host.
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make mounts private: %w", err)
-	}
-	trust := map[string][]byte{}
-	for _, p := range info.TrustFiles {
-		if !within(p, info.DataDir) {
-			return fmt.Errorf("trust file %s is not under the data directory", p)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return fmt.Errorf("trust file: %w", err)
-		}
-		trust[p] = b
-	}
-	home, err := unix.Open(info.Home, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("the agent's home %s: %w", info.Home, err)
-	}
-	defer unix.Close(home)
-
-	// Private scratch space, and nothing of the host's shared memory,
-	// temporary files or other users' homes.
-	for _, dir := range []string{"/tmp", "/var/tmp", "/dev/shm"} {
-		if _, err := os.Stat(dir); err == nil {
-			if err := mountTmpfs(dir, "1777"); err != nil {
-				return err
-			}
-		}
-	}
-	if err := mountTmpfs("/home", "0755"); err != nil {
-		return err
-	}
-	// The gateway's state, and the namespaces of every agent.
-	if err := mountTmpfs(info.DataDir, "0755"); err != nil {
-		return err
-	}
-	for _, p := range append([]string{"/run/netns", "/var/run/netns"}, info.Hide...) {
-		if err := hide(p); err != nil {
-			return err
-		}
-	}
-	for p, b := range trust {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			return err
-		}
-	}
-	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t" + info.Agent + "\n"
-	for name, content := range map[string]string{"resolv.conf": info.ResolvConf, "hosts": hosts} {
-		file := filepath.Join(info.DataDir, name)
-		if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
-			return err
-		}
-		if err := unix.Mount(file, "/etc/"+name, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("place /etc/%s: %w", name, err)
-		}
-	}
-	inside := sandboxHome(info)
-	if err := os.Mkdir(inside, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount("/proc/self/fd/"+strconv.Itoa(home), inside, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("mount the agent's home: %w", err)
-	}
-	if err := unix.Mount("", inside, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("mount the agent's home nosuid: %w", err)
-	}
-	// /proc for this PID namespace, /sys for this network namespace.
-	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
-		return fmt.Errorf("mount /proc: %w", err)
-	}
-	unix.Unmount("/sys", unix.MNT_DETACH) // absent or busy: mounted over below
-	if err := unix.Mount("sysfs", "/sys", "sysfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|unix.MS_RDONLY, ""); err != nil {
-		return fmt.Errorf("mount /sys: %w", err)
-	}
-	return nil
-}
-
-// mountTmpfs mounts an empty tmpfs at dir. A dir that is gone because it
-// lay in the host's /tmp is made again in the private one; any other dir
-// must exist, since nothing is ever created on the host.
-func mountTmpfs(dir, mode string) error {
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		if !within(dir, "/tmp") {
-			return fmt.Errorf("%s does not exist", dir)
-		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-	}
-	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode="+mode+",size=64m"); err != nil {
-		return fmt.Errorf("hide %s: %w", dir, err)
-	}
-	return nil
-}
-
-// hide makes path unreachable: an empty tmpfs over a directory, /dev/null
-// over anything else. A path that does not exist (or is already hidden)
-// is left alone.
-func hide(path string) error {
-	real, err := filepath.EvalSymlinks(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("hide %s: %w", path, err)
-	}
-	st, err := os.Stat(real)
-	if err != nil {
-		return fmt.Errorf("hide %s: %w", path, err)
-	}
-	if st.IsDir() {
-		return mountTmpfs(real, "0755")
-	}
-	if err := unix.Mount("/dev/null", real, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("hide %s: %w", path, err)
-	}
-	return nil
-}
-
-func within(path, dir string) bool {
-	rel, err := filepath.Rel(dir, path)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../") && !filepath.IsAbs(rel)
 }
 
 // dropPrivileges leaves the calling thread (and whatever it starts) no
@@ -515,3 +400,40 @@ func childEnv() []string {
 // TestMain), so that exec's second stage and the demo's server work from
 // tests.
 const testAsCLIEnv = "AGENTHOLD_TEST_AS_CLI"
+
+// killSandboxes ends the processes in an agent's network namespace: every
+// one when agenthold made the namespace, and the sandboxes exec started
+// in one it adopted (a container's own processes are its runtime's). An
+// agent's deletion thereby ends its running sandboxes rather than leaving
+// them with their uid and files.
+func killSandboxes(nsPath string, created bool) {
+	ns, err := os.Stat(nsPath)
+	if err != nil {
+		return
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		st, err := os.Stat(filepath.Join("/proc", e.Name(), "ns", "net"))
+		if err != nil || !os.SameFile(st, ns) {
+			continue
+		}
+		if created || isSandboxInit(pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// isSandboxInit reports whether pid is exec's second stage, PID 1 of a
+// sandbox (killing it ends the whole sandbox).
+func isSandboxInit(pid int) bool {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(b), "\x00")
+	return len(args) > 1 && args[1] == sandboxInitCommand
+}

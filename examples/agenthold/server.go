@@ -97,6 +97,7 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	}
 	s.agents = newAgents(cfg.DataDir)
 	s.warnPrivateMounts()
+	s.warnSubordinateIDs()
 
 	if err := s.startDataPlane(); err != nil {
 		return s, err
@@ -252,7 +253,7 @@ func (s *server) startDataPlane() error {
 	s.servers.Go("explicit proxy", func() error { return s.proxy.ServeExplicit(explicit) }, tproxy.ErrServerClosed)
 	s.rules, err = nftrules.GatewayRules{
 		Table: tableName(s.cfg.DataDir), DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
-		OpenPorts: []uint16{s.cfg.Egress.ExplicitPort, s.cfg.Egress.TunnelPort}, NoNetwork: s.cfg.Egress.Disabled,
+		OpenPorts: s.cfg.openPorts(), NoNetwork: s.cfg.Egress.Disabled,
 	}.Apply()
 	if err != nil {
 		return fmt.Errorf("nftables (agenthold needs CAP_NET_ADMIN): %w", err)
@@ -276,10 +277,10 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	if spec, err = s.agents.allocate(spec, poolSize(s.pool4, s.pool6)); err != nil {
 		return nil, err
 	}
-	a := &agent{spec: spec}
-	if a.uid, a.gid, err = s.sandboxIDs(spec); err != nil {
+	if spec, err = s.sandboxIDs(spec); err != nil {
 		return nil, err
 	}
+	a := &agent{spec: spec, uid: spec.UID, gid: spec.GID}
 	a.policy.Store(pol)
 	a.gw4, a.sb4, a.gw6, a.sb6 = networkAddrs(s.pool4, s.pool6, spec.Index)
 	if err := s.makeHome(a); err != nil {
@@ -298,20 +299,52 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	return a, err
 }
 
-// sandboxIDs is the uid and gid an agent's commands run as: its own, or
-// sandbox.uid_base plus its index; never root and never the server's.
-func (s *server) sandboxIDs(spec AgentSpec) (uid, gid uint32, err error) {
-	uid, gid = spec.UID, spec.GID
-	if uid == 0 {
-		uid = s.cfg.Sandbox.UIDBase + uint32(spec.Index)
+// sandboxIDs gives an agent the uid and gid its commands run as: its own
+// (at least 1000, not the server's, not another agent's), or else the next
+// from sandbox.uid_base on that no agent ever had, so that no agent
+// inherits a deleted one's files or kernel keys. The next is kept in
+// <data_dir>/uid.next.
+func (s *server) sandboxIDs(spec AgentSpec) (AgentSpec, error) {
+	used := s.agents.idsInUse()
+	if spec.UID != 0 || spec.GID != 0 {
+		for _, id := range []struct {
+			kind   string
+			n      uint32
+			server int
+		}{{"uid", spec.UID, os.Getuid()}, {"gid", spec.GID, os.Getgid()}} {
+			switch {
+			case id.n < minSandboxUID:
+				return spec, fmt.Errorf("agent %s: %s %d: give both --uid and --gid, each at least %d (system accounts lie below)", spec.Name, id.kind, id.n, minSandboxUID)
+			case id.n == uint32(id.server):
+				return spec, fmt.Errorf("agent %s: %s %d is the server's", spec.Name, id.kind, id.n)
+			case used[id.n]:
+				return spec, fmt.Errorf("agent %s: %s %d is another agent's", spec.Name, id.kind, id.n)
+			}
+		}
+		return spec, nil
 	}
-	if gid == 0 {
-		gid = s.cfg.Sandbox.UIDBase + uint32(spec.Index)
+	path := filepath.Join(s.cfg.DataDir, "uid.next")
+	next := s.cfg.Sandbox.UIDBase
+	if b, err := os.ReadFile(path); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32); err == nil && uint32(n) > next {
+			next = uint32(n)
+		}
 	}
-	if uid == uint32(os.Getuid()) || gid == uint32(os.Getgid()) {
-		return 0, 0, fmt.Errorf("agent %s: uid %d and gid %d must differ from the server's", spec.Name, uid, gid)
+	for used[next] || next == uint32(os.Getuid()) || next == uint32(os.Getgid()) {
+		next++
 	}
-	return uid, gid, nil
+	if next >= 1<<31 {
+		return spec, errors.New("no sandbox uid left below 2^31")
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.FormatUint(uint64(next)+1, 10)+"\n"), 0o600); err != nil {
+		return spec, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return spec, err
+	}
+	spec.UID, spec.GID = next, next
+	return spec, nil
 }
 
 // homeDir is an agent's home on the host, which exec shows the sandbox as
@@ -341,6 +374,7 @@ func (s *server) removeAgent(name string) error {
 	if s.rules != nil {
 		s.rules.RemoveInterface(a.gwIface)
 	}
+	killSandboxes(a.nsPath, a.created)
 	unwire(a)
 	s.dns.ForgetAgent(name)
 	for _, at := range s.vault.Attachments(name) {
@@ -373,6 +407,30 @@ func (s *server) warnPrivateMounts() {
 	s.log.Warn("agenthold runs in a mount namespace of its own (started with `ip netns exec`?): " +
 		"the sandbox namespaces it makes are mounted only there, and go with it; " +
 		"exec reaches them through /proc/PID/root as root. Prefer `nsenter --net=/run/netns/NAME agenthold serve`.")
+}
+
+// warnSubordinateIDs says so when the sandbox uids may meet the ranges
+// /etc/subuid and /etc/subgid hand to users' user namespaces: a process
+// of such a user could then act as a sandbox's uid.
+func (s *server) warnSubordinateIDs() {
+	lo, hi := uint64(s.cfg.Sandbox.UIDBase), uint64(s.cfg.Sandbox.UIDBase)+1<<20
+	for _, path := range []string{"/etc/subuid", "/etc/subgid"} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Split(strings.TrimSpace(line), ":")
+			if len(f) != 3 {
+				continue
+			}
+			start, err1 := strconv.ParseUint(f[1], 10, 32)
+			count, err2 := strconv.ParseUint(f[2], 10, 32)
+			if err1 == nil && err2 == nil && start < hi && lo < start+count {
+				s.log.Warn("sandbox uids meet a subordinate id range: choose another sandbox.uid_base", "file", path, "owner", f[0], "start", start, "count", count, "uid_base", lo)
+			}
+		}
+	}
 }
 
 // privateMountNS reports whether some ancestor of this process (as far as
