@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unsafe"
 )
 
 // Pair is a string to find and what to put in its place.
@@ -37,6 +38,7 @@ type Replacer struct {
 	stride int // distance between sampled positions
 	filter []uint64
 	grams  map[uint32][]gramRef
+	starts [256][]int // by first byte, the pairs whose Find begins with it
 }
 
 // gramRef says that pairs[pair].Find has the gram at offset.
@@ -69,6 +71,7 @@ func New(pairs []Pair) *Replacer {
 	r.q = min(4, minLen)
 	r.stride = minLen - r.q + 1
 	for i, p := range kept {
+		r.starts[p.Find[0]] = append(r.starts[p.Find[0]], i)
 		for off := 0; off+r.q <= len(p.Find); off++ {
 			g := r.gram(p.Find[off:])
 			r.grams[g] = append(r.grams[g], gramRef{pair: i, offset: off})
@@ -160,12 +163,13 @@ func (r *Replacer) replace(dst, b []byte, ms []match) []byte {
 	return append(dst, b[last:]...)
 }
 
-// String returns s with every occurrence replaced.
+// String returns s with every occurrence replaced; s itself, without
+// allocating, when there is none.
 func (r *Replacer) String(s string) string {
 	if r == nil || len(s) < r.q {
 		return s
 	}
-	b := []byte(s)
+	b := unsafe.Slice(unsafe.StringData(s), len(s)) // only read
 	ms := r.matches(b)
 	if len(ms) == 0 {
 		return s
@@ -175,23 +179,17 @@ func (r *Replacer) String(s string) string {
 
 // partialTail returns how many bytes at the end of b are a proper prefix
 // of some Find string, and so may be the start of one: the bytes a stream
-// must hold back.
+// must hold back. The earliest such start gives the longest tail.
 func (r *Replacer) partialTail(b []byte) int {
-	longest := 0
-	from := max(0, len(b)-(r.maxLen-1))
-	for _, p := range r.pairs {
-		first := p.Find[0]
-		for j := max(from, len(b)-(len(p.Find)-1)); j < len(b); j++ {
-			if b[j] != first || len(b)-j <= longest {
-				continue
-			}
-			if strings.HasPrefix(p.Find, string(b[j:])) {
-				longest = len(b) - j
-				break // the earliest j is the longest tail for this pair
+	for j := max(0, len(b)-(r.maxLen-1)); j < len(b); j++ {
+		for _, i := range r.starts[b[j]] {
+			f := r.pairs[i].Find
+			if len(b)-j < len(f) && f[:len(b)-j] == string(b[j:]) {
+				return len(b) - j
 			}
 		}
 	}
-	return longest
+	return 0
 }
 
 // Stream redacts a stream fed in pieces. It holds back at most MaxHeld
@@ -246,7 +244,9 @@ func (s *Stream) Flush(dst []byte) []byte {
 // Held reports how many bytes are held back.
 func (s *Stream) Held() int { return len(s.held) }
 
-// Reader returns a reader of src, redacted.
+// Reader returns a reader of src, redacted. Where nothing is replaced it
+// reads straight into the caller's buffer, so that a large body that
+// holds no value costs its scan and no copy.
 func (r *Replacer) Reader(src io.Reader) io.Reader {
 	if r == nil {
 		return src
@@ -257,27 +257,59 @@ func (r *Replacer) Reader(src io.Reader) io.Reader {
 type reader struct {
 	src  io.Reader
 	s    *Stream
-	in   []byte
 	out  []byte // redacted, not yet returned
 	err  error
 	done bool
 }
 
 func (rd *reader) Read(p []byte) (int, error) {
-	for len(rd.out) == 0 {
-		if rd.done {
-			return 0, rd.err
-		}
-		if rd.in == nil {
-			rd.in = make([]byte, 32<<10)
-		}
-		n, err := rd.src.Read(rd.in)
-		rd.out = rd.s.Feed(rd.out[:0], rd.in[:n])
-		if err != nil {
-			rd.out = rd.s.Flush(rd.out)
-			rd.done, rd.err = true, err
-		}
+	if len(rd.out) > 0 {
+		n := copy(p, rd.out)
+		rd.out = rd.out[n:]
+		return n, nil
 	}
+	if rd.done {
+		return 0, rd.err
+	}
+	held := len(rd.s.held)
+	if len(p) <= held+rd.s.r.maxLen {
+		return rd.readSlow(p)
+	}
+	// The held bytes first, then what the source has, in p itself.
+	copy(p, rd.s.held)
+	n, err := rd.src.Read(p[held:])
+	b := p[:held+n]
+	if err != nil {
+		rd.done, rd.err = true, err
+		rd.s.held = rd.s.held[:0]
+		rd.out = rd.s.r.replace(rd.out[:0], b, rd.s.r.matches(b))
+		return rd.drain(p)
+	}
+	ms := rd.s.r.matches(b)
+	if len(ms) > 0 {
+		rd.s.held = rd.s.held[:0]
+		rd.out = rd.s.Feed(rd.out[:0], b)
+		return rd.drain(p)
+	}
+	safe := len(b) - rd.s.r.partialTail(b)
+	rd.s.held = append(rd.s.held[:0], b[safe:]...)
+	return safe, nil
+}
+
+// readSlow serves a buffer too small to hold the held bytes and a value.
+func (rd *reader) readSlow(p []byte) (int, error) {
+	buf := make([]byte, 4096)
+	n, err := rd.src.Read(buf)
+	rd.out = rd.s.Feed(rd.out[:0], buf[:n])
+	if err != nil {
+		rd.out = rd.s.Flush(rd.out)
+		rd.done, rd.err = true, err
+	}
+	return rd.drain(p)
+}
+
+// drain returns what is redacted and waiting, and the end once all is out.
+func (rd *reader) drain(p []byte) (int, error) {
 	n := copy(p, rd.out)
 	rd.out = rd.out[n:]
 	if len(rd.out) == 0 && rd.done {

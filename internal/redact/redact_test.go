@@ -73,7 +73,37 @@ func TestStreamMatchesString(t *testing.T) {
 		out = s.Flush(out)
 		require.Equal(t, r.String(text), string(out), "%q", text)
 		require.NotContains(t, string(out), "sk-live-7f3c9d1e2b4a6058")
+
+		// The reader, with reads of random sizes from a source that
+		// gives random amounts.
+		rd := r.Reader(&chunky{data: []byte(text), rng: rng})
+		var got []byte
+		for {
+			buf := make([]byte, 1+rng.IntN(200))
+			n, err := rd.Read(buf)
+			got = append(got, buf[:n]...)
+			if err == io.EOF {
+				break
+			}
+			require.NoError(t, err)
+		}
+		require.Equal(t, r.String(text), string(got), "reader: %q", text)
 	}
+}
+
+// chunky gives its data in pieces of random sizes.
+type chunky struct {
+	data []byte
+	rng  *rand.Rand
+}
+
+func (c *chunky) Read(p []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), 1+c.rng.IntN(60))], c.data)
+	c.data = c.data[n:]
+	return n, nil
 }
 
 // TestStreamHoldsOnlyPossibleStarts lets text through as soon as it
