@@ -17,13 +17,14 @@ const module = "github.com/agenthold/egress"
 var allowedDeps = map[string][]string{
 	"netguard":  nil,
 	"egresslog": nil,
-	"vault":     {module + "/internal/hostname"},
+	"vault":     {module + "/internal/hostname", module + "/internal/redact"},
 	"policy":    {module + "/netguard", module + "/internal/hostname", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
 	// Shared plumbing: what two building blocks need, with one owner.
 	"internal/hostname":  nil,
 	"internal/httpmeter": nil,
 	"internal/httpfwd":   {module + "/netguard"},
 	"internal/serving":   nil,
+	"internal/redact":    nil,
 	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
 	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.

@@ -2,6 +2,7 @@ package mitm
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"io"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/redact"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
@@ -266,4 +269,78 @@ func BenchmarkMultiplexedRequests(b *testing.B) {
 func median(v []float64) float64 {
 	slices.Sort(v)
 	return v[len(v)/2]
+}
+
+// switchable turns a Redactor on and off between the rounds of a
+// benchmark, so that both run through one interceptor.
+type switchable struct {
+	on atomic.Bool
+	r  Redactor
+}
+
+func (s *switchable) Redactor(agent, host string) (*redact.Replacer, error) {
+	if !s.on.Load() {
+		return nil, nil
+	}
+	return s.r.Redactor(agent, host)
+}
+
+// BenchmarkRedactedDownload downloads 1 GiB of random bytes (a compressed
+// archive, say) per operation from a host whose rule injects a secret,
+// with the response redacted and without, interleaved, and reports both
+// rates and their ratio.
+func BenchmarkRedactedDownload(b *testing.B) {
+	r := newRig(b)
+	sw := &switchable{r: r.vault}
+	r.ic.Redactor = sw
+	chunk := make([]byte, 1<<20)
+	rand.Read(chunk)
+	const size = 1 << 30
+	r.mux.HandleFunc("/big", func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		for range size / len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	c := r.client(r.addr, false)
+	c.Timeout = 0
+	download := func(on bool) func(n int) float64 {
+		return func(n int) float64 {
+			sw.on.Store(on)
+			start := time.Now()
+			for range n {
+				resp, err := c.Get("https://api.test/big")
+				if err != nil {
+					b.Fatal(err)
+				}
+				got, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if got != size {
+					b.Fatalf("downloaded %d bytes", got)
+				}
+			}
+			return float64(n) * size / (1 << 20) / time.Since(start).Seconds()
+		}
+	}
+	compare(b, "MB/s", "plain", "redacted", download(false), download(true))
+}
+
+// BenchmarkRedactedKeptAlive sends small requests one after another on a
+// kept-alive intercepted connection, with responses redacted and without,
+// interleaved, and reports both rates and their ratio.
+func BenchmarkRedactedKeptAlive(b *testing.B) {
+	r := newRig(b)
+	sw := &switchable{r: r.vault}
+	r.ic.Redactor = sw
+	c := r.client(r.addr, false)
+	getRate(b, c, "https://api.test/", 10, 1)
+	rate := func(on bool) func(n int) float64 {
+		return func(n int) float64 {
+			sw.on.Store(on)
+			return getRate(b, c, "https://api.test/", n, 1)
+		}
+	}
+	compare(b, "req/s", "plain", "redacted", rate(false), rate(true))
 }

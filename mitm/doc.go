@@ -14,12 +14,22 @@
 //
 // Responses stream as they arrive (server-sent events, chunked bodies,
 // large downloads in bounded memory); WebSocket upgrades pass through.
+// The response of every exchange that could carry a secret (its rule
+// names the host) is redacted through a Redactor (vault): headers, body,
+// trailers and the server's WebSocket frames come back with placeholders
+// where they echo a value, in every encoding a server would use; bytes
+// are held back only while they could begin a value, so streams keep
+// their pace. Such requests ask for the identity encoding (gzip and
+// deflate answers are decoded; any other encoding is refused) and offer
+// no WebSocket compression.
 // Upstream connections are pooled. A request for another host than the
 // TLS server name (HTTP/2 coalescing, a forged Host) is checked against
 // the policy on its own, and the Injector fills it only by that host's
 // rules. Hooks may answer chosen requests at the gateway; RefreshExchange
 // answers OAuth refresh-token grants so that a rotating refresh token never
-// leaves it.
+// leaves it: it asks for JSON itself, reads JSON and form-encoded answers,
+// stores a rotated token before anything can fail, and refuses the
+// token's placeholder in any other request to the endpoint.
 //
 // Typical use (ExampleInterceptor runs it, with vault, in front of a test
 // server):

@@ -40,11 +40,16 @@ func ExampleLeaves() {
 }
 
 // Interception with injection, composed with vault: the sandbox sends a
-// placeholder to api.example.com; the upstream (an httptest server,
-// declared public) sees the real key; the sandbox never does.
+// placeholder to example.com; the upstream (an httptest server, declared
+// public) sees the real key; the sandbox never does, not even when the
+// upstream echoes it back.
 func ExampleInterceptor() {
 	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "upstream saw: %s\n", r.Header.Get("Authorization"))
+		if r.Header.Get("Authorization") != "Bearer sk-live-123" {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		fmt.Fprintf(w, "authorized; you sent %s\n", r.Header.Get("Authorization"))
 	}))
 	defer upstream.Close()
 	upstreamRoots := x509.NewCertPool()
@@ -59,7 +64,7 @@ func ExampleInterceptor() {
 	if err := v.Set(vault.Secret{Name: "api", Rule: rule}, []byte("sk-live-123")); err != nil {
 		panic(err)
 	}
-	att, err := v.Attach("agent-1", "api", "API_KEY")
+	att, err := v.AttachPlaceholder("agent-1", "api", "API_KEY", "example-placeholder-0001")
 	if err != nil {
 		panic(err)
 	}
@@ -108,7 +113,7 @@ func ExampleInterceptor() {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	fmt.Print(string(body))
-	// Output: upstream saw: Bearer sk-live-123
+	// Output: authorized; you sent Bearer example-placeholder-0001
 }
 
 // oneHost is a fixed resolver, standing in for the gateway's DNS.

@@ -20,6 +20,7 @@ import (
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
+	"github.com/agenthold/egress/internal/redact"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -41,6 +42,7 @@ const (
 	ReasonHostMismatch  = "request host differs from the TLS server name: judged on its own"
 	ReasonAnswered      = "answered at the gateway"
 	ReasonInjectFailed  = "secret could not be injected"
+	ReasonRedactFailed  = "the response could not be redacted"
 	reasonUpstreamError = "upstream: "
 )
 
@@ -61,6 +63,9 @@ type Interceptor struct {
 	Claim func(agent, host string) bool
 	// Injector fills requests; nil injects nothing.
 	Injector Injector
+	// Redactor redacts the responses of exchanges that could carry a
+	// secret; nil means the Injector, if it is a Redactor too (vault is).
+	Redactor Redactor
 	// Hooks are asked, in order, to answer each request first.
 	Hooks []Hook
 	// Guard checks upstream addresses at dial time; nil means the Guard
@@ -117,9 +122,10 @@ func (i *Interceptor) init() {
 			// Zero: responses of unknown length and server-sent events are
 			// flushed on every write (ReverseProxy knows them); others are
 			// buffered, which saves a TLS record per response.
-			FlushInterval: 0,
-			ErrorLog:      log.New(io.Discard, "", 0),
-			ErrorHandler:  i.upstreamError,
+			FlushInterval:  0,
+			ErrorLog:       log.New(io.Discard, "", 0),
+			ErrorHandler:   i.upstreamError,
+			ModifyResponse: i.modifyResponse,
 		}
 	})
 }
@@ -256,7 +262,8 @@ type reqState struct {
 	secrets      []string
 	injectErr    error
 	upstreamErr  string
-	refused      bool // netguard refused the upstream address
+	refused      bool             // netguard refused the upstream address
+	redact       *redact.Replacer // nil: nothing to redact
 }
 
 type reqStateKey struct{}
@@ -294,18 +301,39 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.EqualFold(canon, info.host) {
 		rec.Reason = ReasonHostMismatch
 	}
+	red, err := i.redactorFor(info.agent, canon)
+	if err != nil {
+		rec.Allowed, rec.Reason = false, ReasonRedactFailed
+		http.Error(cw, "egress: "+ReasonRedactFailed, http.StatusBadGateway)
+		return
+	}
+	var hookW http.ResponseWriter = cw
+	if red != nil && len(i.Hooks) > 0 {
+		rw := newRedactingWriter(cw, red)
+		defer rw.finish()
+		hookW = rw
+	}
 	for _, h := range i.Hooks {
-		if h(cw, r, info.agent) {
+		if h(hookW, r, info.agent) {
 			rec.Reason = ReasonAnswered
 			return
 		}
 	}
-	st := &reqState{info: info, host: canon, allowPrivate: info.pol.AllowPrivateNetworks()}
+	st := &reqState{info: info, host: canon, allowPrivate: info.pol.AllowPrivateNetworks(), redact: red}
 	body := httpmeter.CountBody(r)
-	i.proxy.ServeHTTP(cw, r.WithContext(context.WithValue(r.Context(), reqStateKey{}, st)))
+	var out http.ResponseWriter = cw
+	if red != nil {
+		bw := newBufferedWriter(cw)
+		defer bw.finish()
+		out = bw
+	}
+	i.proxy.ServeHTTP(out, r.WithContext(context.WithValue(r.Context(), reqStateKey{}, st)))
 	rec.BytesUp = body.Bytes()
 	rec.Secret = strings.Join(st.secrets, ",")
+	var refused interface{ Refused() bool }
 	switch {
+	case errors.As(st.injectErr, &refused) && refused.Refused():
+		rec.Allowed, rec.Reason = false, st.injectErr.Error()
 	case st.injectErr != nil:
 		rec.Allowed, rec.Reason = false, ReasonInjectFailed
 	case st.upstreamErr != "":
@@ -324,6 +352,37 @@ func (i *Interceptor) rewrite(pr *httputil.ProxyRequest) {
 	if i.Injector != nil {
 		st.secrets, st.injectErr = i.Injector.Inject(st.info.agent, pr.Out)
 	}
+	if st.redact != nil {
+		// A body the gateway can read, and a WebSocket without
+		// compression: what cannot be read cannot be redacted.
+		pr.Out.Header.Set("Accept-Encoding", "identity")
+		pr.Out.Header.Del("Sec-WebSocket-Extensions")
+	}
+}
+
+// modifyResponse redacts the response of an exchange that could carry a
+// secret.
+func (i *Interceptor) modifyResponse(resp *http.Response) error {
+	st := stateOf(resp.Request.Context())
+	if st.redact == nil {
+		return nil
+	}
+	if err := redactResponse(resp, st.redact); err != nil {
+		return fmt.Errorf("%w: %v", errRedactFailed, err)
+	}
+	return nil
+}
+
+// redactorFor is the redactor of an agent's exchange with host, or nil.
+func (i *Interceptor) redactorFor(agent, host string) (*redact.Replacer, error) {
+	r := i.Redactor
+	if r == nil {
+		r, _ = i.Injector.(Redactor)
+	}
+	if r == nil {
+		return nil, nil
+	}
+	return r.Redactor(agent, host)
 }
 
 // roundTripper sends a request on the transport for its agent's private
@@ -338,15 +397,27 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	return rt.i.transports.For(st.allowPrivate).RoundTrip(r)
 }
 
-var errInjectFailed = errors.New(ReasonInjectFailed)
+var (
+	errInjectFailed = errors.New(ReasonInjectFailed)
+	errRedactFailed = errors.New(ReasonRedactFailed)
+)
 
 // upstreamError answers 502 with a description of the failure that never
 // includes the request URL (whose query may carry an injected secret).
 func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	st := stateOf(r.Context())
-	if errors.Is(err, errInjectFailed) {
+	var refused interface{ Refused() bool }
+	switch {
+	case errors.As(st.injectErr, &refused) && refused.Refused():
+		http.Error(w, "egress: "+st.injectErr.Error(), http.StatusBadRequest)
+		return
+	case errors.Is(err, errInjectFailed):
 		st.upstreamErr = ReasonInjectFailed
 		http.Error(w, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
+		return
+	case errors.Is(err, errRedactFailed):
+		st.upstreamErr = err.Error()
+		http.Error(w, "egress: "+err.Error(), http.StatusBadGateway)
 		return
 	}
 	f := httpfwd.Describe(err)

@@ -649,7 +649,7 @@ func TestRefreshExchange(t *testing.T) {
 		current.Store(&next)
 		json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("AT-%d-real", n), "refresh_token": next, "expires_in": 3600})
 	})
-	rule := vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Mode: vault.Login, Paths: []string{"/oauth/token"}}
+	rule := vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Mode: vault.Refresh, Paths: []string{"/oauth/token"}}
 	if err := r.vault.Set(vault.Secret{Name: "refresh", Rule: rule}, []byte(first)); err != nil {
 		t.Fatal(err)
 	}

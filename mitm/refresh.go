@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/agenthold/egress/internal/httpfwd"
+	"github.com/agenthold/egress/internal/redact"
 )
 
 // TokenStore is what RefreshExchange needs of the vault (vault.Vault
@@ -43,7 +44,9 @@ type RefreshExchange struct {
 	Client *http.Client
 }
 
-// Hook returns the Hook that answers the grant.
+// Hook returns the Hook that answers the grant. A POST to the endpoint
+// whose body carries the refresh token's placeholder but is not a
+// refresh-token grant is refused (400): the token goes nowhere else.
 func (x *RefreshExchange) Hook() Hook {
 	return func(w http.ResponseWriter, r *http.Request, agent string) bool {
 		if r.Method != http.MethodPost || !strings.EqualFold(httpfwd.HostOnly(r.Host), httpfwd.HostOnly(x.Host)) || r.URL.Path != x.Path {
@@ -55,16 +58,24 @@ func (x *RefreshExchange) Hook() Hook {
 			return true
 		}
 		refreshPH, ok := x.Store.Placeholder(agent, x.RefreshSecret)
-		if !ok || !bytes.Contains(body, []byte(refreshPH)) || !isRefreshGrant(r.Header.Get("Content-Type"), body) {
-			// Not a grant with our placeholder: send it on untouched.
+		if !ok || !bytes.Contains(body, []byte(refreshPH)) {
+			// Not ours: send it on untouched.
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			r.ContentLength = int64(len(body))
 			return false
+		}
+		if !isRefreshGrant(r.Header.Get("Content-Type"), body) {
+			http.Error(w, "egress: "+ReasonNotAGrant, http.StatusBadRequest)
+			return true
 		}
 		x.exchange(w, r, agent, body, refreshPH)
 		return true
 	}
 }
+
+// ReasonNotAGrant refuses a request that carries a refresh token's
+// placeholder anywhere but in a refresh-token grant.
+const ReasonNotAGrant = "the refresh token's placeholder goes only in a grant_type=refresh_token request"
 
 func isRefreshGrant(contentType string, body []byte) bool {
 	mt, _, _ := mime.ParseMediaType(contentType)
@@ -85,7 +96,7 @@ func (x *RefreshExchange) exchange(w http.ResponseWriter, r *http.Request, agent
 	filled, used, err := x.Store.FillBody(agent, x.Host, x.Path, body)
 	sent, sentUsed, sentErr := x.Store.FillBody(agent, x.Host, x.Path, []byte(refreshPH))
 	if err != nil || sentErr != nil || len(used) == 0 || len(sentUsed) == 0 || len(sent) == 0 {
-		http.Error(w, "egress: the refresh token's rule does not name this endpoint", http.StatusBadGateway)
+		http.Error(w, "egress: the refresh token's secret must have a refresh rule that names this endpoint", http.StatusBadGateway)
 		return
 	}
 	defer clear(filled) // once the request is long sent
@@ -95,11 +106,15 @@ func (x *RefreshExchange) exchange(w http.ResponseWriter, r *http.Request, agent
 		http.Error(w, "egress: token request", http.StatusBadGateway)
 		return
 	}
-	for _, h := range []string{"Content-Type", "Accept", "User-Agent"} {
+	for _, h := range []string{"Content-Type", "User-Agent"} {
 		if v := r.Header.Get(h); v != "" {
 			req.Header.Set(h, v)
 		}
 	}
+	// The gateway reads the answer itself: it asks for JSON, whatever the
+	// sandbox asked for, and uncompressed.
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Accept-Encoding", "identity")
 	if x.Client == nil {
 		http.Error(w, "egress: no client configured for the token exchange", http.StatusBadGateway)
 		return
@@ -115,37 +130,45 @@ func (x *RefreshExchange) exchange(w http.ResponseWriter, r *http.Request, agent
 		http.Error(w, "egress: token response too large or unreadable", http.StatusBadGateway)
 		return
 	}
-	if resp.StatusCode == http.StatusOK {
-		if out, err = x.keepTokens(agent, out, refreshPH); err != nil {
+	// Whatever the status, the tokens go back as placeholders: an answer
+	// carries new ones, an error may echo the request.
+	scrub := []redact.Pair{}
+	scrub = append(scrub, redact.Forms(string(sent), refreshPH)...)
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		kept, err := x.keepTokens(agent, resp.Header.Get("Content-Type"), out, refreshPH)
+		if err != nil {
 			http.Error(w, "egress: "+err.Error(), http.StatusBadGateway)
 			return
 		}
+		scrub = append(scrub, kept...)
 	}
-	// Whatever the status, the token the grant sent goes back as the
-	// placeholder: an error may echo the request.
-	out = bytes.ReplaceAll(out, sent, []byte(refreshPH))
+	out = []byte(redact.New(scrub).String(string(out)))
 	w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(resp.StatusCode)
 	w.Write(out)
 }
 
-// keepTokens stores the tokens of a successful grant and returns the
-// response with placeholders in their place. A response whose refresh
-// token cannot be kept is an error: passing it on would hand the sandbox
-// the real token.
-func (x *RefreshExchange) keepTokens(agent string, body []byte, refreshPH string) ([]byte, error) {
-	var fields map[string]any
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return nil, fmt.Errorf("token response is not JSON")
+// keepTokens stores the tokens of a successful grant, the rotated refresh
+// token first (before any step that may fail, so that a token the server
+// has already rotated is never lost), and returns the pairs that put the
+// agent's placeholders in their place. The answer may be JSON or
+// form-encoded, whatever its Content-Type says. An answer whose tokens
+// cannot be read or kept is an error: passing it on would hand the
+// sandbox the real ones.
+func (x *RefreshExchange) keepTokens(agent, contentType string, body []byte, refreshPH string) ([]redact.Pair, error) {
+	rt, at, ok := tokenFields(contentType, body)
+	if !ok {
+		return nil, fmt.Errorf("token response is neither JSON nor form-encoded")
 	}
-	if rt, ok := fields["refresh_token"].(string); ok && rt != "" {
+	var pairs []redact.Pair
+	if rt != "" {
 		if err := x.Store.Replace(x.RefreshSecret, []byte(rt)); err != nil {
 			return nil, fmt.Errorf("cannot store the rotated refresh token")
 		}
-		fields["refresh_token"] = refreshPH
+		pairs = append(pairs, redact.Forms(rt, refreshPH)...)
 	}
-	if at, ok := fields["access_token"].(string); ok && at != "" && x.AccessSecret != "" {
+	if at != "" && x.AccessSecret != "" {
 		ph, ok := x.Store.Placeholder(agent, x.AccessSecret)
 		if !ok {
 			return nil, fmt.Errorf("the access-token secret is not attached to this agent")
@@ -153,9 +176,26 @@ func (x *RefreshExchange) keepTokens(agent string, body []byte, refreshPH string
 		if err := x.Store.Replace(x.AccessSecret, []byte(at)); err != nil {
 			return nil, fmt.Errorf("cannot store the access token")
 		}
-		fields["access_token"] = ph
+		pairs = append(pairs, redact.Forms(at, ph)...)
 	}
-	return json.Marshal(fields)
+	return pairs, nil
+}
+
+// tokenFields reads refresh_token and access_token from a JSON or a
+// form-encoded answer.
+func tokenFields(contentType string, body []byte) (refresh, access string, ok bool) {
+	var fields struct {
+		RefreshToken string `json:"refresh_token"`
+		AccessToken  string `json:"access_token"`
+	}
+	if json.Unmarshal(body, &fields) == nil {
+		return fields.RefreshToken, fields.AccessToken, true
+	}
+	mt, _, _ := mime.ParseMediaType(contentType)
+	if v, err := url.ParseQuery(string(bytes.TrimSpace(body))); err == nil && (mt == "application/x-www-form-urlencoded" || v.Has("access_token") || v.Has("refresh_token")) {
+		return v.Get("refresh_token"), v.Get("access_token"), true
+	}
+	return "", "", false
 }
 
 // Client returns an http.Client that sends requests the way the

@@ -14,14 +14,26 @@
 // environment ("<prefix>-placeholder-<random>"). Inject replaces it, and
 // sets the rule's header, only for that agent and only on requests to the
 // rule's hosts and paths; a placeholder bound anywhere else leaves
-// unchanged. Login rules replace the placeholder inside the one header
-// the client sent and never add it. A path-limited rule matches only
-// plain paths: no dot or empty segments, backslashes or semicolons.
+// unchanged. Where an inject rule replaces its placeholder is its
+// ReplaceIn (headers and query by default, or its own header alone).
+// Login rules replace the placeholder inside the one header the client
+// sent and never add it. Refresh rules (an OAuth refresh token) are never
+// injected: only the gateway's own grant sends them (FillBody), and a
+// request that carries their placeholder elsewhere is refused. A
+// path-limited rule matches only plain paths: no dot or empty segments,
+// backslashes or semicolons. A rule's hosts are names and "*." patterns,
+// as a policy's entries: a URL or a port is an error.
 //
-// Name in a rule only hosts trusted with the value. The gateway does not
-// rewrite responses, so a host that echoes request headers back (an HTTP
-// echo service, a debugging endpoint) would show the injected value to
-// the sandbox.
+// Redactor gives, for an agent's exchange with a host, the replacer that
+// puts its placeholders back wherever the response echoes a value of a
+// secret whose rule names the host: raw, JSON-escaped, URL-encoded,
+// base64 in each alphabet and alignment, and the rule's rendering ("Bearer
+// …", "Basic …"). mitm applies it to headers, bodies, trailers and
+// WebSocket frames, so that a host that echoes what it was sent shows the
+// sandbox its placeholder.
+//
+// A file that fails to open names itself and, where it can, the record
+// that failed; a wrong master key is told apart from a modified file.
 //
 // Typical use (ExampleVault_Inject runs it):
 //

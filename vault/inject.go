@@ -15,10 +15,13 @@ import (
 // whose rule covers the request's host and path:
 //
 //   - Inject mode sets the rule's header from its template, and replaces
-//     the attachment's placeholder with the value wherever it appears in
-//     the request's headers and query string;
+//     the attachment's placeholder with the value where the rule's
+//     ReplaceIn says (by default the request's headers and query string);
 //   - Login mode replaces the placeholder only inside the rule's header,
-//     and only if the client sent it; it never adds the header.
+//     and only if the client sent it; it never adds the header;
+//   - Refresh mode never injects: a request that carries a refresh
+//     token's placeholder in a header or the query, to a host its rule
+//     names, is refused with a *RefusedError.
 //
 // A placeholder bound for a host its rule does not name, or belonging to
 // another agent, is left as it is: the value never goes where the rule
@@ -26,7 +29,6 @@ import (
 // request must not be sent.
 func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 	key, atts, entries := v.attachmentsOf(agent)
-	var used []string
 	if len(atts) == 0 {
 		return nil, nil
 	}
@@ -36,8 +38,14 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 	}
 	path := r.URL.Path
 	for i, a := range atts {
+		if e := entries[i]; e != nil && e.rule.Mode == Refresh && e.rule.coversHost(host) && carries(r, a.Placeholder) {
+			return nil, &RefusedError{Reason: fmt.Sprintf("the placeholder of refresh token %q goes only in the body of a refresh grant the gateway answers", a.Secret)}
+		}
+	}
+	var used []string
+	for i, a := range atts {
 		e := entries[i]
-		if e == nil || !e.rule.matches(host, path) {
+		if e == nil || e.rule.Mode == Refresh || !e.rule.matches(host, path) {
 			continue
 		}
 		if e.rule.Mode == Login && !headerHas(r.Header, e.rule.Header, a.Placeholder) {
@@ -57,6 +65,33 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 		}
 	}
 	return used, nil
+}
+
+// RefusedError is an injection refused for what the request carries, not
+// a failure of the gateway: the request is answered 400 with the reason.
+type RefusedError struct {
+	Reason string
+}
+
+func (e *RefusedError) Error() string { return "vault: " + e.Reason }
+
+// Refused marks the error as the request's fault, for callers that
+// answer it (mitm) without importing vault.
+func (e *RefusedError) Refused() bool { return true }
+
+// carries reports whether a request's headers or query hold s.
+func carries(r *http.Request, s string) bool {
+	if strings.Contains(r.URL.RawQuery, s) {
+		return true
+	}
+	for _, vals := range r.Header {
+		for _, v := range vals {
+			if strings.Contains(v, s) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // attachmentsOf returns, consistently, the key and the agent's
@@ -84,14 +119,16 @@ func apply(r *http.Request, rule *compiledRule, placeholder, value string) (bool
 	if err != nil {
 		return false, err
 	}
-	for name, vals := range r.Header {
-		for i, val := range vals {
-			if strings.Contains(val, placeholder) {
-				r.Header[name][i] = strings.ReplaceAll(val, placeholder, value)
+	if rule.inHeaders {
+		for name, vals := range r.Header {
+			for i, val := range vals {
+				if strings.Contains(val, placeholder) {
+					r.Header[name][i] = strings.ReplaceAll(val, placeholder, value)
+				}
 			}
 		}
 	}
-	if strings.Contains(r.URL.RawQuery, placeholder) {
+	if rule.inQuery && strings.Contains(r.URL.RawQuery, placeholder) {
 		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, placeholder, url.QueryEscape(value))
 	}
 	r.Header.Set(rule.Header, rendered)
@@ -108,11 +145,11 @@ func headerHas(h http.Header, name, s string) bool {
 	return false
 }
 
-// FillBody replaces the agent's placeholders in a request body bound for
-// host and path, for the secrets whose rules name them, and returns the
-// names it used. It is Inject for the gateway's own requests whose
-// credential travels in the body (an OAuth refresh-token grant); the
-// same rules decide.
+// FillBody replaces the agent's refresh-token placeholders (Refresh
+// rules) in a request body bound for host and path, for the secrets whose
+// rules name them, and returns the names it used. It is the gateway's own
+// refresh grant (mitm's RefreshExchange), the only way a refresh token
+// leaves the vault.
 func (v *Vault) FillBody(agent, host, path string, body []byte) ([]byte, []string, error) {
 	h, err := normalizeHost(host)
 	if err != nil {
@@ -122,7 +159,7 @@ func (v *Vault) FillBody(agent, host, path string, body []byte) ([]byte, []strin
 	var used []string
 	for i, a := range atts {
 		e := entries[i]
-		if e == nil || !e.rule.matches(h, path) || !bytes.Contains(body, []byte(a.Placeholder)) {
+		if e == nil || e.rule.Mode != Refresh || !e.rule.matches(h, path) || !bytes.Contains(body, []byte(a.Placeholder)) {
 			continue
 		}
 		value, err := open(key, e.ad, e.stored.Sealed)

@@ -26,6 +26,19 @@ const (
 	// only when the client sent that header; it never adds the header. For
 	// account logins, where the harness already sends a credential.
 	Login Mode = "login"
+	// Refresh is for an OAuth refresh token: Inject never puts it in any
+	// request, and a request that carries its placeholder in a header or
+	// the query is refused; only the gateway's own refresh grant
+	// (FillBody, for mitm's RefreshExchange) sends the value, so that a
+	// lenient token server can never hand the sandbox a fresh one.
+	Refresh Mode = "refresh"
+)
+
+// Places where an inject rule replaces its placeholder in a request.
+const (
+	InHeaders    = "header"      // any request header
+	InQuery      = "query"       // the query string
+	InRuleHeader = "rule-header" // only the rule's own header
 )
 
 // Rule says where a secret may be sent and how.
@@ -46,15 +59,21 @@ type Rule struct {
 	// (with dot segments, empty segments, backslashes or semicolons)
 	// matches no limited rule.
 	Paths []string `json:"paths,omitempty"`
-	// Mode is Inject (the default when empty) or Login.
+	// Mode is Inject (the default when empty), Login or Refresh.
 	Mode Mode `json:"mode,omitempty"`
+	// ReplaceIn narrows where an Inject rule replaces its placeholder:
+	// InHeaders, InQuery, or InRuleHeader alone. Empty means headers and
+	// query, as the seed has it.
+	ReplaceIn []string `json:"replace_in,omitempty"`
 }
 
 // compiledRule is a checked rule, ready to match and render.
 type compiledRule struct {
 	Rule
 	hosts []hostname.Pattern
-	tmpl  *template.Template
+	// Where an inject rule replaces its placeholder.
+	inHeaders, inQuery bool
+	tmpl               *template.Template
 	// simple is set for templates of the form "prefix{{.Value}}suffix",
 	// which render without text/template.
 	simple         bool
@@ -78,14 +97,28 @@ func (r Rule) compile() (*compiledRule, error) {
 	switch r.Mode {
 	case "":
 		r.Mode = Inject
-	case Inject, Login:
+	case Inject, Login, Refresh:
 	default:
-		return nil, fmt.Errorf("vault: unknown mode %q (want inject or login)", r.Mode)
+		return nil, fmt.Errorf("vault: unknown mode %q (want inject, login or refresh)", r.Mode)
+	}
+	for _, place := range r.ReplaceIn {
+		switch {
+		case place != InHeaders && place != InQuery && place != InRuleHeader:
+			return nil, fmt.Errorf("vault: replace_in: unknown place %q (want header, query or rule-header)", place)
+		case r.Mode != Inject:
+			return nil, fmt.Errorf("vault: replace_in is for inject rules (a %s rule has its own)", r.Mode)
+		case place == InRuleHeader && len(r.ReplaceIn) > 1:
+			return nil, errors.New("vault: replace_in: rule-header stands alone")
+		}
 	}
 	if !httpguts.ValidHeaderFieldName(r.Header) {
 		return nil, fmt.Errorf("vault: invalid header name %q", r.Header)
 	}
-	c := &compiledRule{Rule: r}
+	c := &compiledRule{Rule: r, inHeaders: len(r.ReplaceIn) == 0, inQuery: len(r.ReplaceIn) == 0}
+	for _, place := range r.ReplaceIn {
+		c.inHeaders = c.inHeaders || place == InHeaders
+		c.inQuery = c.inQuery || place == InQuery
+	}
 	for _, h := range r.Hosts {
 		pat, err := parseRuleHost(h)
 		if err != nil {

@@ -63,6 +63,9 @@ func (m *MemoryStorage) Save(data []byte) error {
 	return nil
 }
 
+// Name is the file's path, for errors.
+func (s FileStorage) Name() string { return s.Path }
+
 // Load implements Storage.
 func (s FileStorage) Load() ([]byte, error) {
 	if stale, _ := filepath.Glob(s.Path + ".tmp-*"); len(stale) > 0 {
@@ -111,11 +114,17 @@ func (s FileStorage) Save(data []byte) error {
 	return nil
 }
 
-// The vault file is one header line, "egress-vault v1 <mac>", followed
-// by the JSON document. The MAC (HMAC-SHA256 under a key derived from the
-// master key) covers the exact bytes of the document, so that no byte of
-// the file can change without the file failing to open.
-const fileHeader = "egress-vault v1 "
+// The vault file is one header line, "egress-vault v2 <key id> <mac>",
+// followed by the JSON document. The key id (a keyed hash of a constant)
+// tells a wrong master key apart from a modified file; the MAC (HMAC-
+// SHA256 under a key derived from the master key) covers the exact bytes
+// of the document, so that no byte of the file can change without the
+// file failing to open. Files of v1, whose header has no key id, still
+// open; they are written as v2 at the next change.
+const (
+	fileHeaderV1 = "egress-vault v1 "
+	fileHeaderV2 = "egress-vault v2 "
+)
 
 // document is the vault file's body. Values are sealed one by one, each
 // bound to its record's identity and rule; the whole body is
@@ -162,60 +171,131 @@ func macKey(master []byte) []byte {
 	return m.Sum(nil)
 }
 
+// keyID names a master key without revealing it.
+func keyID(master []byte) string {
+	m := hmac.New(sha256.New, master)
+	m.Write([]byte("egress-vault/v2 key id"))
+	return hex.EncodeToString(m.Sum(nil)[:8])
+}
+
+func fileMAC(master, body []byte) string {
+	m := hmac.New(sha256.New, macKey(master))
+	m.Write(body)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
 // encode serialises and authenticates a document.
 func (d *document) encode(master []byte) ([]byte, error) {
 	body, err := json.MarshalIndent(d, "", "  ")
 	if err != nil {
 		return nil, fmt.Errorf("vault: encode: %w", err)
 	}
-	m := hmac.New(sha256.New, macKey(master))
-	m.Write(body)
-	out := append([]byte(fileHeader+hex.EncodeToString(m.Sum(nil))+"\n"), body...)
+	out := append([]byte(fileHeaderV2+keyID(master)+" "+fileMAC(master, body)+"\n"), body...)
 	return append(out, '\n'), nil
 }
 
-// decodeDocument authenticates and parses a vault file, then opens every
-// value: any failure is an error naming what failed, never a partial load.
-func decodeDocument(data, master []byte) (*document, error) {
+// decodeDocument authenticates and parses the vault file name, then opens
+// every value: any failure is an error naming the file and what failed
+// (the record, where it can be told), never a partial load.
+func decodeDocument(data, master []byte, name string) (*document, error) {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("vault: %s: %w", name, fmt.Errorf(format, args...))
+	}
 	header, body, ok := bytes.Cut(data, []byte("\n"))
-	if !ok || !bytes.HasPrefix(header, []byte(fileHeader)) {
-		return nil, errors.New("vault: not a vault file, or an unsupported version")
+	if !ok {
+		return nil, fail("not a vault file, or truncated")
+	}
+	var id, mac []byte
+	switch {
+	case bytes.HasPrefix(header, []byte(fileHeaderV2)):
+		id, mac, ok = bytes.Cut(header[len(fileHeaderV2):], []byte(" "))
+		if !ok {
+			return nil, fail("damaged header")
+		}
+	case bytes.HasPrefix(header, []byte(fileHeaderV1)):
+		mac = header[len(fileHeaderV1):]
+	default:
+		return nil, fail("not a vault file, or an unsupported version")
 	}
 	body, ok = bytes.CutSuffix(body, []byte("\n"))
 	if !ok {
-		return nil, errors.New("vault: file is truncated")
+		return nil, fail("file is truncated")
 	}
-	m := hmac.New(sha256.New, macKey(master))
-	m.Write(body)
+	if id != nil && !hmac.Equal(id, []byte(keyID(master))) {
+		return nil, &RecordError{File: name, Why: fmt.Sprintf("wrong master key: the file was sealed under key id %s, this key's is %s", id, keyID(master)), Err: ErrOpen}
+	}
 	// Compared as the exact lower-case text, so that no spelling of the
 	// same code passes either.
-	want := []byte(hex.EncodeToString(m.Sum(nil)))
-	if !hmac.Equal(header[len(fileHeader):], want) {
-		return nil, errors.New("vault: file fails authentication: wrong key, or the file was modified or truncated")
+	if !hmac.Equal(mac, []byte(fileMAC(master, body))) {
+		return nil, modification(name, body, master, id == nil)
 	}
 	var d document
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
-		return nil, fmt.Errorf("vault: damaged file: %w", err)
+		return nil, fail("damaged file: %w", err)
 	}
 	seen := map[string]bool{}
 	for i := range d.Secrets {
 		s := &d.Secrets[i]
 		if seen[s.Name] {
-			return nil, fmt.Errorf("vault: secret %q appears twice", s.Name)
+			return nil, fail("secret %q appears twice", s.Name)
 		}
 		seen[s.Name] = true
 		pt, err := open(master, recordAD(s), s.Sealed)
 		if err != nil {
-			return nil, fmt.Errorf("vault: secret %q: %w", s.Name, err)
+			return nil, &RecordError{File: name, Record: s.Name, Why: "authentication failed (tampered, or moved from another record)", Err: err}
 		}
 		clear(pt)
 	}
 	for _, a := range d.Attachments {
 		if !seen[a.Secret] {
-			return nil, fmt.Errorf("vault: attachment of agent %q names unknown secret %q", a.Agent, a.Secret)
+			return nil, fail("attachment of agent %q names unknown secret %q", a.Agent, a.Secret)
 		}
 	}
 	return &d, nil
 }
+
+// modification says what a file that fails authentication has had
+// changed: the first record whose value no longer opens, or else that the
+// change lies outside the sealed values. v1 files cannot tell a wrong key
+// from a change to every record.
+func modification(name string, body, master []byte, v1 bool) error {
+	var d document
+	if json.Unmarshal(body, &d) != nil {
+		return &RecordError{File: name, Why: "authentication failed: the file was modified or truncated (it is not valid JSON)", Err: ErrOpen}
+	}
+	var failed []string
+	for i := range d.Secrets {
+		if pt, err := open(master, recordAD(&d.Secrets[i]), d.Secrets[i].Sealed); err == nil {
+			clear(pt)
+		} else {
+			failed = append(failed, d.Secrets[i].Name)
+		}
+	}
+	switch {
+	case v1 && len(failed) > 0 && len(failed) == len(d.Secrets):
+		return &RecordError{File: name, Why: "authentication failed: wrong master key, or every record was modified", Err: ErrOpen}
+	case len(failed) > 0:
+		return &RecordError{File: name, Record: failed[0], Why: "authentication failed (the file was modified)", Err: ErrOpen}
+	}
+	return &RecordError{File: name, Why: "authentication failed: the file was modified outside the sealed values (a rule, an attachment or the layout)", Err: ErrOpen}
+}
+
+// RecordError says which file, and which record of it when that can be
+// told, failed to open, and why. It wraps ErrOpen.
+type RecordError struct {
+	File   string
+	Record string // "" when the failure is the file's as a whole
+	Why    string
+	Err    error
+}
+
+func (e *RecordError) Error() string {
+	if e.Record == "" {
+		return fmt.Sprintf("vault: %s: %s", e.File, e.Why)
+	}
+	return fmt.Sprintf("vault: %s: record %q: %s", e.File, e.Record, e.Why)
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }

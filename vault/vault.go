@@ -66,11 +66,17 @@ type Vault struct {
 }
 
 // state is one immutable version of the vault: a writer builds a new one
-// and never changes one that was published.
+// and never changes one that was published. Its redactors are a cache of
+// what it implies, made as they are asked for.
 type state struct {
-	key     []byte
-	secrets map[string]*secretEntry
-	attach  map[string][]Attachment // by agent, sorted by secret
+	key       []byte
+	secrets   map[string]*secretEntry
+	attach    map[string][]Attachment // by agent, sorted by secret
+	redactors sync.Map                // agent and covering secrets -> *redact.Replacer
+}
+
+func newState(key []byte, secrets map[string]*secretEntry, attach map[string][]Attachment) *state {
+	return &state{key: key, secrets: secrets, attach: attach}
 }
 
 // ErrNotFound is matched (with errors.Is) by the errors about a secret or
@@ -99,7 +105,7 @@ func Open(st Storage, key []byte, cfg Config) (*Vault, error) {
 		return nil, fmt.Errorf("vault: master key is %d bytes, want %d", len(key), KeySize)
 	}
 	v := &Vault{cfg: cfg, store: st}
-	cur := &state{key: slices.Clone(key), secrets: map[string]*secretEntry{}, attach: map[string][]Attachment{}}
+	cur := newState(slices.Clone(key), map[string]*secretEntry{}, map[string][]Attachment{})
 	v.cur.Store(cur)
 	data, err := st.Load()
 	if errors.Is(err, fs.ErrNotExist) {
@@ -108,7 +114,7 @@ func Open(st Storage, key []byte, cfg Config) (*Vault, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := decodeDocument(data, key)
+	d, err := decodeDocument(data, key, storageName(st))
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +132,14 @@ func Open(st Storage, key []byte, cfg Config) (*Vault, error) {
 		sortAttachments(cur.attach[agent])
 	}
 	return v, nil
+}
+
+// storageName names a storage in errors: its path, if it has one.
+func storageName(st Storage) string {
+	if n, ok := st.(interface{ Name() string }); ok {
+		return n.Name()
+	}
+	return "vault"
 }
 
 func (v *Vault) now() time.Time {
@@ -173,7 +187,7 @@ func (v *Vault) setLocked(cur *state, s Secret, rule *compiledRule, value []byte
 	}
 	secrets := maps.Clone(cur.secrets)
 	secrets[s.Name] = &secretEntry{stored: st, rule: rule, ad: ad}
-	return v.commit(&state{key: cur.key, secrets: secrets, attach: cur.attach})
+	return v.commit(newState(cur.key, secrets, cur.attach))
 }
 
 // SetRule changes the rule of a stored secret, keeping its value.
@@ -205,7 +219,7 @@ func (v *Vault) SetRule(name string, r Rule) error {
 	}
 	secrets := maps.Clone(cur.secrets)
 	secrets[name] = &secretEntry{stored: st, rule: rule, ad: ad}
-	return v.commit(&state{key: cur.key, secrets: secrets, attach: cur.attach})
+	return v.commit(newState(cur.key, secrets, cur.attach))
 }
 
 // Delete removes a secret and every attachment of it.
@@ -226,7 +240,7 @@ func (v *Vault) Delete(name string) error {
 			}
 		}
 	}
-	return v.commit(&state{key: cur.key, secrets: secrets, attach: attach})
+	return v.commit(newState(cur.key, secrets, attach))
 }
 
 // List returns every secret's name, owner, rule and times, sorted by
@@ -265,7 +279,7 @@ func (v *Vault) Rotate(newKey []byte) error {
 		}
 		secrets[name] = &secretEntry{stored: st, rule: e.rule, ad: e.ad}
 	}
-	return v.commit(&state{key: slices.Clone(newKey), secrets: secrets, attach: cur.attach})
+	return v.commit(newState(slices.Clone(newKey), secrets, cur.attach))
 }
 
 var validEnv = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
@@ -329,7 +343,7 @@ func (v *Vault) setAttachment(agent, name, env, placeholder string) (Attachment,
 	sortAttachments(list)
 	attach := mapsAttach(cur.attach)
 	attach[agent] = list
-	if err := v.commit(&state{key: cur.key, secrets: cur.secrets, attach: attach}); err != nil {
+	if err := v.commit(newState(cur.key, cur.secrets, attach)); err != nil {
 		return Attachment{}, err
 	}
 	return a, nil
@@ -346,7 +360,7 @@ func (v *Vault) Detach(agent, name string) error {
 	}
 	attach := mapsAttach(cur.attach)
 	attach[agent] = list
-	return v.commit(&state{key: cur.key, secrets: cur.secrets, attach: attach})
+	return v.commit(newState(cur.key, cur.secrets, attach))
 }
 
 // Attachments lists an agent's attachments, sorted by secret name.

@@ -134,7 +134,7 @@ func TestWrongKeyAndTampering(t *testing.T) {
 		t.Fatal(err)
 	}
 	good, _ := os.ReadFile(st.Path)
-	if _, err := Open(st, testKey(2), Config{}); err == nil || !strings.Contains(err.Error(), "authentication") {
+	if _, err := Open(st, testKey(2), Config{}); !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "wrong master key") || !strings.Contains(err.Error(), st.Path) {
 		t.Fatalf("wrong key: %v", err)
 	}
 	// Every single-byte change of the file is refused.
@@ -187,7 +187,7 @@ func TestSwappedRecords(t *testing.T) {
 			}
 			os.WriteFile(st.Path, out, 0o600)
 			_, err = Open(st, testKey(1), Config{})
-			if !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "secret \"") {
+			if !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "record \"") {
 				t.Fatalf("Open = %v, want ErrOpen naming the record", err)
 			}
 		})
@@ -476,7 +476,7 @@ func FuzzDecodeDocument(f *testing.F) {
 	f.Add(good)
 	f.Add([]byte("egress-vault v1 00\n{}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d, err := decodeDocument(data, testKey(1))
+		d, err := decodeDocument(data, testKey(1), "test")
 		if err != nil {
 			return
 		}
@@ -485,7 +485,7 @@ func FuzzDecodeDocument(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := decodeDocument(out, testKey(1)); err != nil {
+		if _, err := decodeDocument(out, testKey(1), "test"); err != nil {
 			t.Fatalf("re-encoded document does not decode: %v", err)
 		}
 	})
@@ -534,7 +534,7 @@ func BenchmarkInject(b *testing.B) {
 
 func TestFillBodyPlaceholderReplace(t *testing.T) {
 	v, _ := newVault(t)
-	rule := Rule{Hosts: []string{"auth.example"}, Header: "Authorization", Mode: Login, Paths: []string{"/oauth/token"}}
+	rule := Rule{Hosts: []string{"auth.example"}, Header: "Authorization", Mode: Refresh, Paths: []string{"/oauth/token"}}
 	if err := v.Set(Secret{Name: "refresh", Rule: rule}, []byte("RT-1")); err != nil {
 		t.Fatal(err)
 	}

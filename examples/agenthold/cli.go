@@ -49,7 +49,7 @@ func init() {
 		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private]", run: cmdPolicySet,
 			help: "Replace an agent's policy; the next connection and DNS query use it.\n" +
 				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22"},
-		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... --header NAME [--template T] [--path P]... [--login]) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
+		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... --header NAME [--template T] [--path P]... [--mode M] [--replace-in P]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
 			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument.\n" +
 				"--template is a Go template of the header's value: {{.Value}} is the secret, and base64 is available.\n" +
 				"Examples:\n" +
@@ -307,7 +307,9 @@ func cmdSecretPut(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	fs.Var(&paths, "path", "limit the rule to this URL path prefix (repeatable)")
 	header := fs.String("header", "", "the request header to set")
 	tmpl := fs.String("template", "", `the header's value: {{.Value}} is the secret, e.g. "Bearer {{.Value}}" (default {{.Value}})`)
-	login := fs.Bool("login", false, "login mode: replace the placeholder only in the header the client sends, never add it")
+	mode := fs.String("mode", "inject", "inject (set the header, replace the placeholder where --replace-in says), login (replace it only in the header the client sends, never add it) or refresh (an OAuth refresh token: only the gateway's token_refresh grant sends it)")
+	var replaceIn stringList
+	fs.Var(&replaceIn, "replace-in", "where an inject rule replaces the placeholder (repeatable): header, query, or rule-header alone (default: header and query)")
 	fromFile := fs.String("from-file", "", "read the value from this file instead of stdin")
 	owner := fs.String("owner", "", "who the secret belongs to (informational)")
 	pos, err := parse(fs, args, 1)
@@ -319,10 +321,7 @@ func cmdSecretPut(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		if len(hosts) == 0 || *header == "" {
 			return usagef("secret put needs --preset, or --host and --header")
 		}
-		r := vault.Rule{Hosts: hosts, Header: *header, Template: *tmpl, Paths: paths}
-		if *login {
-			r.Mode = vault.Login
-		}
+		r := vault.Rule{Hosts: hosts, Header: *header, Template: *tmpl, Paths: paths, Mode: vault.Mode(*mode), ReplaceIn: replaceIn}
 		req.Rule = &r
 	}
 	var in io.Reader = os.Stdin

@@ -1,0 +1,74 @@
+package vault
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/agenthold/egress/internal/redact"
+)
+
+// Redactor returns the replacer that puts an agent's placeholders back
+// wherever a response from host echoes the value of one of the agent's
+// secrets whose rule names host (injected into the request or not): in
+// each form redact.Forms lists, and in the rule's own rendering ("Bearer
+// …", "Basic base64(…)") and its token. It returns nil when no rule of
+// the agent names host. A value that cannot be opened is an error: the
+// exchange must not go on without its redaction.
+func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
+	h, err := normalizeHost(host)
+	if err != nil {
+		return nil, nil // no rule names an invalid host
+	}
+	cur := v.cur.Load()
+	var key strings.Builder
+	var covering []Attachment
+	for _, a := range cur.attach[agent] {
+		if e := cur.secrets[a.Secret]; e != nil && e.rule.coversHost(h) {
+			if key.Len() == 0 {
+				key.WriteString(agent)
+			}
+			key.WriteByte(0)
+			key.WriteString(a.Secret)
+			covering = append(covering, a)
+		}
+	}
+	if len(covering) == 0 {
+		return nil, nil
+	}
+	if r, ok := cur.redactors.Load(key.String()); ok {
+		return r.(*redact.Replacer), nil
+	}
+	var pairs []redact.Pair
+	for _, a := range covering {
+		e := cur.secrets[a.Secret]
+		value, err := open(cur.key, e.ad, e.stored.Sealed)
+		if err != nil {
+			return nil, fmt.Errorf("vault: secret %q: %w", a.Secret, err)
+		}
+		pairs = append(pairs, valueForms(e.rule, string(value), a.Placeholder)...)
+		clear(value)
+	}
+	r := redact.New(pairs)
+	cur.redactors.Store(key.String(), r)
+	return r, nil
+}
+
+// valueForms are the pairs that replace a value with its placeholder: the
+// value's forms, and those of the rule's rendering of it.
+func valueForms(rule *compiledRule, value, placeholder string) []redact.Pair {
+	pairs := redact.Forms(value, placeholder)
+	if rule.Mode != Inject {
+		return pairs // only inject rules render the value
+	}
+	rv, err1 := rule.render(value)
+	rp, err2 := rule.render(placeholder)
+	if err1 != nil || err2 != nil || rv == value {
+		return pairs
+	}
+	pairs = append(pairs, redact.Forms(rv, rp)...)
+	// The credential of "Scheme credential", alone.
+	if i, j := strings.IndexByte(rv, ' '), strings.IndexByte(rp, ' '); i > 0 && j > 0 && rv[:i] == rp[:j] {
+		pairs = append(pairs, redact.Forms(rv[i+1:], rp[j+1:])...)
+	}
+	return pairs
+}
