@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/dnsfilter/internal/dnsload"
 	"github.com/agenthold/egress/egresslog"
@@ -16,9 +17,7 @@ import (
 // serveHandler runs a miekg/dns UDP server with h on loopback.
 func serveHandler(b *testing.B, h dns.Handler) string {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	srv := &dns.Server{PacketConn: pc, Handler: h}
 	started := make(chan struct{})
 	srv.NotifyStartedFunc = func() { close(started) }
@@ -54,39 +53,28 @@ func BenchmarkThroughput(b *testing.B) {
 		w.WriteMsg(resp)
 	}))
 	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"a.test", "*.npmjs.org", "github.com"}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	filterSrv := &Server{
 		Agents:    func(netip.Addr) (string, *policy.Policy, bool) { return "bench", pol, true },
 		Upstreams: []string{up.addr},
 		Log:       &egresslog.Log{},
 	}
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	go filterSrv.Serve(pc, nil)
 	b.Cleanup(func() { filterSrv.Close() })
 
 	m := new(dns.Msg)
 	m.SetQuestion("a.test.", dns.TypeA)
 	query, err := m.Pack()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	run := func(addr string) float64 {
 		// Warm up (and fill the cache), then measure.
-		if _, err := dnsload.Run(addr, query, 2000, 16, time.Second, time.Now().Add(10*time.Second)); err != nil {
-			b.Fatal(err)
-		}
+		_, err := dnsload.Run(addr, query, 2000, 16, time.Second, time.Now().Add(10*time.Second))
+		require.NoError(b, err)
 		res, err := dnsload.Run(addr, query, b.N, 16, time.Second, time.Now().Add(60*time.Second))
-		if err != nil {
-			b.Fatal(err)
-		}
-		if res.Lost > res.Answered/100 {
-			b.Fatalf("%s: %d of %d queries lost", addr, res.Lost, res.Answered+res.Lost)
-		}
+		require.NoError(b, err)
+		require.LessOrEqual(b, res.Lost, res.Answered/100, "%s: %d of %d queries lost", addr, res.Lost, res.Answered+res.Lost)
 		return res.QPS()
 	}
 	b.ResetTimer()

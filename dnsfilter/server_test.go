@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/testkit"
@@ -54,18 +56,14 @@ func newHarness(t *testing.T, allow []string, configure func(*Server)) *harness 
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		h.srv.Shutdown(ctx)
-		if err := <-done; err != ErrServerClosed {
-			t.Errorf("Serve returned %v, want ErrServerClosed", err)
-		}
+		assert.ErrorIs(t, <-done, ErrServerClosed, "Serve's result")
 	})
 	return h
 }
 
 func (h *harness) setPolicy(cfg policy.Config) {
 	p, err := policy.New(cfg)
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	require.NoError(h.t, err)
 	h.pol.Store(p)
 }
 
@@ -85,18 +83,14 @@ func (h *harness) query(network, source, name string, qtype uint16, edns bool) *
 	}
 	c := dns.Client{Net: network, Timeout: 3 * time.Second, Dialer: &net.Dialer{LocalAddr: local}}
 	resp, _, err := c.Exchange(m, h.addr)
-	if err != nil {
-		h.t.Fatalf("query %s %s over %s: %v", name, dns.TypeToString[qtype], network, err)
-	}
+	require.NoError(h.t, err, "query %s %s over %s", name, dns.TypeToString[qtype], network)
 	return resp
 }
 
 func (h *harness) lastRecord() egresslog.Record {
 	h.t.Helper()
 	rs := h.log.List(egresslog.Filter{}, 1)
-	if len(rs) != 1 {
-		h.t.Fatal("no record")
-	}
+	require.Len(h.t, rs, 1, "no record")
 	return rs[0]
 }
 
@@ -132,27 +126,23 @@ func TestAllowedNameIsForwardedAndRemembered(t *testing.T) {
 	h := newHarness(t, []string{"a.test"}, nil)
 	for _, network := range []string{"udp", "tcp"} {
 		resp := h.query(network, "127.0.0.1", "A.Test", dns.TypeA, false)
-		if resp.Rcode != dns.RcodeSuccess || strings.Join(answerStrings(resp), " ") != "140.82.112.3" {
-			t.Fatalf("%s: rcode %d answers %v", network, resp.Rcode, answerStrings(resp))
-		}
+		assert.Equal(t, dns.RcodeSuccess, resp.Rcode, "%s: rcode", network)
+		assert.Equal(t, "140.82.112.3", strings.Join(answerStrings(resp), " "), "%s: answers", network)
 	}
 	resp := h.query("udp", "127.0.0.1", "a.test", dns.TypeAAAA, true)
-	if strings.Join(answerStrings(resp), " ") != "2606:50c0:8000::153" {
-		t.Fatalf("AAAA answers %v", answerStrings(resp))
+	assert.Equal(t, "2606:50c0:8000::153", strings.Join(answerStrings(resp), " "), "AAAA answers")
+	if names := h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")); assert.Len(t, names, 1, "Names(140.82.112.3)") {
+		assert.Contains(t, []string{"A.Test", "a.test"}, names[0], "Names(140.82.112.3)")
 	}
-	if names := h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")); len(names) != 1 || names[0] != "A.Test" && names[0] != "a.test" {
-		t.Errorf("Names(140.82.112.3) = %v", names)
-	}
-	if names := h.srv.Names("a1", netip.MustParseAddr("2606:50c0:8000::153")); len(names) != 1 {
-		t.Errorf("Names(AAAA) = %v", names)
-	}
-	if names := h.srv.Names("other", netip.MustParseAddr("140.82.112.3")); len(names) != 0 {
-		t.Errorf("another agent sees a1's names: %v", names)
-	}
+	assert.Len(t, h.srv.Names("a1", netip.MustParseAddr("2606:50c0:8000::153")), 1, "Names(AAAA)")
+	assert.Empty(t, h.srv.Names("other", netip.MustParseAddr("140.82.112.3")), "another agent sees a1's names")
 	r := h.lastRecord()
-	if r.Agent != "a1" || r.Kind != egresslog.KindDNS || r.Method != "AAAA" || !r.Allowed || r.Answers != 1 || r.Rule != "a.test" {
-		t.Errorf("record = %+v", r)
-	}
+	assert.Equal(t, "a1", r.Agent, "record Agent")
+	assert.Equal(t, egresslog.KindDNS, r.Kind, "record Kind")
+	assert.Equal(t, "AAAA", r.Method, "record Method")
+	assert.True(t, r.Allowed, "record = %+v: not allowed", r)
+	assert.Equal(t, 1, r.Answers, "record Answers")
+	assert.Equal(t, "a.test", r.Rule, "record Rule")
 }
 
 // TestDeniedNamesNeverLeave proves that denied names, however they are
@@ -173,64 +163,50 @@ func TestDeniedNamesNeverLeave(t *testing.T) {
 	for _, d := range denied {
 		for _, network := range []string{"udp", "tcp"} {
 			resp := h.query(network, "127.0.0.1", d.name, d.qtype, true)
-			if resp.Rcode != dns.RcodeNameError || len(resp.Answer) != 0 {
-				t.Errorf("%s over %s: rcode %d, %d answers; want NXDOMAIN", d.name, network, resp.Rcode, len(resp.Answer))
-			}
-			if e := ede(resp); e == nil || e.InfoCode != dns.ExtendedErrorCodeBlocked {
-				t.Errorf("%s: no EDE Blocked in %v", d.name, resp.IsEdns0())
+			assert.Equal(t, dns.RcodeNameError, resp.Rcode, "%s over %s: rcode, want NXDOMAIN", d.name, network)
+			assert.Empty(t, resp.Answer, "%s over %s: answers", d.name, network)
+			if e := ede(resp); assert.NotNil(t, e, "%s: no EDE Blocked in %v", d.name, resp.IsEdns0()) {
+				assert.Equal(t, dns.ExtendedErrorCodeBlocked, e.InfoCode, "%s: EDE info code", d.name)
 			}
 			r := h.lastRecord()
-			if r.Allowed || r.Reason != policy.ReasonNoRule || r.Status != dns.RcodeNameError {
-				t.Errorf("%s: record %+v", d.name, r)
-			}
+			assert.False(t, r.Allowed, "%s: record %+v allowed", d.name, r)
+			assert.Equal(t, policy.ReasonNoRule, r.Reason, "%s: record Reason", d.name)
+			assert.Equal(t, dns.RcodeNameError, r.Status, "%s: record Status", d.name)
 		}
 	}
-	if n := h.up.total(); n != 0 {
-		t.Fatalf("denied names caused %d upstream queries: %v", n, h.up.queries)
-	}
+	assert.Zero(t, h.up.total(), "denied names caused upstream queries: %v", h.up.queries)
 }
 
 func TestDenyAllStillAnswers(t *testing.T) {
 	h := newHarness(t, nil, nil)
 	h.pol.Store(policy.Deny(policy.ReasonFileAbsent))
 	resp := h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false)
-	if resp.Rcode != dns.RcodeNameError {
-		t.Fatalf("rcode %d, want NXDOMAIN", resp.Rcode)
-	}
-	if r := h.lastRecord(); r.Reason != policy.ReasonFileAbsent {
-		t.Errorf("reason %q", r.Reason)
-	}
-	if h.up.total() != 0 {
-		t.Fatal("deny-all forwarded a query")
-	}
+	assert.Equal(t, dns.RcodeNameError, resp.Rcode, "rcode, want NXDOMAIN")
+	assert.Equal(t, policy.ReasonFileAbsent, h.lastRecord().Reason, "record Reason")
+	assert.Zero(t, h.up.total(), "deny-all forwarded a query")
 }
 
 func TestUnknownSourceRefused(t *testing.T) {
 	h := newHarness(t, []string{"a.test"}, nil)
 	for _, network := range []string{"udp", "tcp"} {
 		resp := h.query(network, "127.0.0.2", "a.test", dns.TypeA, true)
-		if resp.Rcode != dns.RcodeRefused {
-			t.Fatalf("%s: rcode %d, want REFUSED", network, resp.Rcode)
-		}
-		if e := ede(resp); e == nil || e.InfoCode != dns.ExtendedErrorCodeBlocked {
-			t.Errorf("no EDE Blocked")
+		assert.Equal(t, dns.RcodeRefused, resp.Rcode, "%s: rcode, want REFUSED", network)
+		if e := ede(resp); assert.NotNil(t, e, "%s: no EDE Blocked", network) {
+			assert.Equal(t, dns.ExtendedErrorCodeBlocked, e.InfoCode, "%s: EDE info code", network)
 		}
 	}
-	if h.up.total() != 0 {
-		t.Fatal("an unknown source's query was forwarded")
-	}
-	if r := h.lastRecord(); r.Reason != ReasonUnknownSource || r.Allowed {
-		t.Errorf("record %+v", r)
-	}
+	assert.Zero(t, h.up.total(), "an unknown source's query was forwarded")
+	r := h.lastRecord()
+	assert.Equal(t, ReasonUnknownSource, r.Reason, "record Reason")
+	assert.False(t, r.Allowed, "record %+v allowed", r)
 	// The zero Server knows no agent and refuses everything.
 	var zero Server
 	w := &testWriter{remote: &net.UDPAddr{IP: net.ParseIP("127.0.0.1"), Port: 5353}}
 	m := new(dns.Msg)
 	m.SetQuestion("a.test.", dns.TypeA)
 	zero.ServeDNS(w, m)
-	if w.msg == nil || w.msg.Rcode != dns.RcodeRefused {
-		t.Fatalf("zero Server answered %v", w.msg)
-	}
+	require.NotNil(t, w.msg, "zero Server did not answer")
+	assert.Equal(t, dns.RcodeRefused, w.msg.Rcode, "zero Server answered %v", w.msg)
 }
 
 func TestAnswerFiltering(t *testing.T) {
@@ -255,85 +231,62 @@ func TestAnswerFiltering(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			h.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"*.test"}, AllowPrivateNetworks: tt.private})
 			resp := h.query("udp", "127.0.0.1", tt.name, tt.qtype, false)
-			if got := strings.Join(answerStrings(resp), " "); got != tt.want || resp.Rcode != dns.RcodeSuccess {
-				t.Errorf("answers %q rcode %d, want %q", got, resp.Rcode, tt.want)
-			}
-			if r := h.lastRecord(); tt.reason != "" && !strings.Contains(r.Reason, tt.reason) {
-				t.Errorf("record reason %q, want it to contain %q", r.Reason, tt.reason)
+			assert.Equal(t, tt.want, strings.Join(answerStrings(resp), " "), "answers")
+			assert.Equal(t, dns.RcodeSuccess, resp.Rcode, "rcode")
+			if r := h.lastRecord(); tt.reason != "" {
+				assert.Contains(t, r.Reason, tt.reason, "record reason")
 			}
 		})
 	}
-	if names := h.srv.Names("a1", netip.MustParseAddr("127.0.0.1")); len(names) != 0 {
-		t.Errorf("a removed address was remembered: %v", names)
-	}
+	assert.Empty(t, h.srv.Names("a1", netip.MustParseAddr("127.0.0.1")), "a removed address was remembered")
 }
 
 func TestCNAMEChain(t *testing.T) {
 	h := newHarness(t, []string{"cname.test", "a.test", "cdn.test", "loop.test", "loop2.test"}, nil)
 	resp := h.query("udp", "127.0.0.1", "cname.test", dns.TypeA, false)
-	if got := strings.Join(answerStrings(resp), " "); got != "CNAME a.test. 140.82.112.3" {
-		t.Errorf("allowed chain: %q", got)
-	}
-	if names := h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")); len(names) != 1 || names[0] != "cname.test" {
-		t.Errorf("remembered %v, want the name the agent asked for", names)
-	}
+	assert.Equal(t, "CNAME a.test. 140.82.112.3", strings.Join(answerStrings(resp), " "), "allowed chain")
+	assert.Equal(t, []string{"cname.test"}, h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")), "remembered names: want the name the agent asked for")
 	resp = h.query("udp", "127.0.0.1", "cdn.test", dns.TypeA, false)
-	if resp.Rcode != dns.RcodeNameError || len(resp.Answer) != 0 {
-		t.Errorf("chain to a denied name: rcode %d answers %v", resp.Rcode, answerStrings(resp))
-	}
-	if r := h.lastRecord(); r.Allowed || !strings.Contains(r.Reason, "CNAME target edge.cdn.example") {
-		t.Errorf("record %+v", r)
-	}
+	assert.Equal(t, dns.RcodeNameError, resp.Rcode, "chain to a denied name: rcode")
+	assert.Empty(t, resp.Answer, "chain to a denied name: answers")
+	r := h.lastRecord()
+	assert.False(t, r.Allowed, "record %+v allowed", r)
+	assert.Contains(t, r.Reason, "CNAME target edge.cdn.example", "record Reason")
 	resp = h.query("udp", "127.0.0.1", "loop.test", dns.TypeA, false)
-	if resp.Rcode != dns.RcodeSuccess {
-		t.Errorf("CNAME loop: rcode %d", resp.Rcode)
-	}
+	assert.Equal(t, dns.RcodeSuccess, resp.Rcode, "CNAME loop: rcode")
 
 	trusting := newHarness(t, []string{"cdn.test"}, func(s *Server) { s.TrustCNAME = true })
 	resp = trusting.query("udp", "127.0.0.1", "cdn.test", dns.TypeA, false)
-	if got := strings.Join(answerStrings(resp), " "); got != "CNAME edge.cdn.example. 140.82.112.9" {
-		t.Errorf("TrustCNAME: %q", got)
-	}
+	assert.Equal(t, "CNAME edge.cdn.example. 140.82.112.9", strings.Join(answerStrings(resp), " "), "TrustCNAME")
 }
 
 func TestTruncatedUpstreamRetriesOverTCP(t *testing.T) {
 	h := newHarness(t, []string{"big.test"}, nil)
 	resp := h.query("tcp", "127.0.0.1", "big.test", dns.TypeA, false)
-	if len(resp.Answer) != 60 || resp.Truncated {
-		t.Fatalf("over TCP: %d answers, truncated=%v", len(resp.Answer), resp.Truncated)
-	}
+	assert.Equal(t, 60, len(resp.Answer), "over TCP: answers")
+	assert.False(t, resp.Truncated, "over TCP: truncated")
 	resp = h.query("udp", "127.0.0.1", "big.test", dns.TypeA, false)
-	if !resp.Truncated || len(resp.Answer) >= 60 {
-		t.Fatalf("over UDP without EDNS: %d answers, truncated=%v; want TC set", len(resp.Answer), resp.Truncated)
-	}
+	assert.True(t, resp.Truncated, "over UDP without EDNS: want TC set")
+	assert.Less(t, len(resp.Answer), 60, "over UDP without EDNS: answers")
 }
 
 func TestUpstreamFailures(t *testing.T) {
 	h := newHarness(t, []string{"slow.test", "wrongq.test", "a.test"}, nil)
 	for _, name := range []string{"slow.test", "wrongq.test"} {
 		resp := h.query("udp", "127.0.0.1", name, dns.TypeA, false)
-		if resp.Rcode != dns.RcodeServerFailure {
-			t.Errorf("%s: rcode %d, want SERVFAIL", name, resp.Rcode)
-		}
-		if r := h.lastRecord(); !strings.HasPrefix(r.Reason, "upstream failed") {
-			t.Errorf("%s: reason %q", name, r.Reason)
-		}
+		assert.Equal(t, dns.RcodeServerFailure, resp.Rcode, "%s: rcode, want SERVFAIL", name)
+		r := h.lastRecord()
+		assert.True(t, strings.HasPrefix(r.Reason, "upstream failed"), "%s: reason %q", name, r.Reason)
 	}
 	dead := newHarness(t, []string{"a.test"}, func(s *Server) { s.Upstreams = []string{deadUpstream(t)} })
-	if resp := dead.query("udp", "127.0.0.1", "a.test", dns.TypeA, false); resp.Rcode != dns.RcodeServerFailure {
-		t.Errorf("dead upstream: rcode %d", resp.Rcode)
-	}
+	assert.Equal(t, dns.RcodeServerFailure, dead.query("udp", "127.0.0.1", "a.test", dns.TypeA, false).Rcode, "dead upstream: rcode")
 	refused := newHarness(t, []string{"a.test"}, func(s *Server) { s.Upstreams = []string{closedUDPPort(t)} })
-	if resp := refused.query("udp", "127.0.0.1", "a.test", dns.TypeA, false); resp.Rcode != dns.RcodeServerFailure {
-		t.Errorf("refused upstream: rcode %d", resp.Rcode)
-	}
+	assert.Equal(t, dns.RcodeServerFailure, refused.query("udp", "127.0.0.1", "a.test", dns.TypeA, false).Rcode, "refused upstream: rcode")
 }
 
 func closedUDPPort(t *testing.T) string {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	addr := pc.LocalAddr().String()
 	pc.Close()
 	return addr
@@ -346,24 +299,16 @@ func TestCache(t *testing.T) {
 		h.query("udp", "127.0.0.1", "zero.test", dns.TypeA, false)
 		h.query("udp", "127.0.0.1", "nx.test", dns.TypeA, false)
 	}
-	if n := h.up.count("a.test"); n != 1 {
-		t.Errorf("a.test reached upstream %d times, want 1", n)
-	}
-	if n := h.up.count("zero.test"); n != 5 {
-		t.Errorf("a TTL 0 answer reached upstream %d times, want 5 (not cached)", n)
-	}
-	if n := h.up.count("nx.test"); n != 1 {
-		t.Errorf("a negative answer reached upstream %d times, want 1", n)
-	}
+	assert.Equal(t, 1, h.up.count("a.test"), "times a.test reached upstream")
+	assert.Equal(t, 5, h.up.count("zero.test"), "times a TTL 0 answer reached upstream (not cached)")
+	assert.Equal(t, 1, h.up.count("nx.test"), "times a negative answer reached upstream")
 	resp := h.query("udp", "127.0.0.1", "nx.test", dns.TypeA, false)
-	if resp.Rcode != dns.RcodeNameError || len(resp.Ns) != 1 {
-		t.Errorf("cached NXDOMAIN: rcode %d, authority %v", resp.Rcode, resp.Ns)
-	}
+	assert.Equal(t, dns.RcodeNameError, resp.Rcode, "cached NXDOMAIN: rcode")
+	assert.Len(t, resp.Ns, 1, "cached NXDOMAIN: authority")
 	// A cached answer is still judged by the current policy.
 	h.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"zero.test"}})
-	if resp := h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false); resp.Rcode != dns.RcodeNameError {
-		t.Errorf("cached answer served after the name was removed from the policy: rcode %d", resp.Rcode)
-	}
+	assert.Equal(t, dns.RcodeNameError, h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false).Rcode,
+		"cached answer served after the name was removed from the policy: rcode")
 }
 
 func TestEDNSForwarding(t *testing.T) {
@@ -375,21 +320,16 @@ func TestEDNSForwarding(t *testing.T) {
 	opt.Option = append(opt.Option, &dns.EDNS0_LOCAL{Code: 65001, Data: []byte("smuggled")}, &dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0102030405060708"})
 	c := dns.Client{Net: "udp", Timeout: 3 * time.Second}
 	resp, _, err := c.Exchange(m, h.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.IsEdns0() == nil || !resp.IsEdns0().Do() {
-		t.Errorf("response lost EDNS0 or the DO bit: %v", resp.IsEdns0())
+	require.NoError(t, err)
+	if opt := resp.IsEdns0(); assert.NotNil(t, opt, "response lost EDNS0") {
+		assert.True(t, opt.Do(), "response lost the DO bit: %v", opt)
 	}
 	h.up.mu.Lock()
 	up := h.up.lastOpt
 	h.up.mu.Unlock()
-	if up == nil || !up.Do() {
-		t.Fatalf("upstream query lost EDNS0 or the DO bit: %v", up)
-	}
-	if len(up.Option) != 0 {
-		t.Errorf("client options reached upstream: %v", up.Option)
-	}
+	require.NotNil(t, up, "upstream query lost EDNS0")
+	assert.True(t, up.Do(), "upstream query lost the DO bit: %v", up)
+	assert.Empty(t, up.Option, "client options reached upstream")
 }
 
 func TestBadQueries(t *testing.T) {
@@ -397,13 +337,10 @@ func TestBadQueries(t *testing.T) {
 	send := func(raw []byte) *dns.Msg {
 		t.Helper()
 		conn, err := net.Dial("udp", h.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		defer conn.Close()
-		if _, err := conn.Write(raw); err != nil {
-			t.Fatal(err)
-		}
+		_, err = conn.Write(raw)
+		require.NoError(t, err)
 		conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 		buf := make([]byte, 65535)
 		n, err := conn.Read(buf)
@@ -411,16 +348,12 @@ func TestBadQueries(t *testing.T) {
 			return nil // dropped
 		}
 		m := new(dns.Msg)
-		if err := m.Unpack(buf[:n]); err != nil {
-			t.Fatalf("server sent an unparseable reply: %v", err)
-		}
+		require.NoError(t, m.Unpack(buf[:n]), "server sent an unparseable reply")
 		return m
 	}
 	pack := func(m *dns.Msg) []byte {
 		b, err := m.Pack()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return b
 	}
 	q := func(name string, qtype, class uint16) *dns.Msg {
@@ -464,36 +397,23 @@ func TestBadQueries(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := send(tt.raw)
-			switch {
-			case tt.rcode == -1 && m != nil:
-				t.Errorf("answered %v, want dropped", m)
-			case tt.rcode != -1 && m == nil:
-				t.Errorf("dropped, want rcode %d", tt.rcode)
-			case m != nil && m.Rcode != tt.rcode:
-				t.Errorf("rcode %d, want %d", m.Rcode, tt.rcode)
+			if tt.rcode == -1 {
+				assert.Nil(t, m, "answered, want dropped")
+			} else if assert.NotNil(t, m, "dropped, want rcode %d", tt.rcode) {
+				assert.Equal(t, tt.rcode, m.Rcode, "rcode")
 			}
 		})
 	}
-	if h.up.total() != 0 {
-		t.Fatalf("bad queries reached upstream: %v", h.up.queries)
-	}
+	assert.Zero(t, h.up.total(), "bad queries reached upstream: %v", h.up.queries)
 }
 
 func TestShutdownIsIdempotent(t *testing.T) {
 	s := &Server{}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, s.Close())
+	assert.NoError(t, s.Close(), "second Close")
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Serve(pc, nil); err != ErrServerClosed {
-		t.Fatalf("Serve after Close = %v", err)
-	}
+	require.NoError(t, err)
+	assert.ErrorIs(t, s.Serve(pc, nil), ErrServerClosed, "Serve after Close")
 }
 
 // testWriter is a dns.ResponseWriter that keeps the reply, for calling the
@@ -522,22 +442,15 @@ func (w *testWriter) Hijack()             {}
 func TestLookupNetIP(t *testing.T) {
 	h := newHarness(t, nil, nil) // the gateway's own lookups ignore policy
 	addrs, err := h.srv.LookupNetIP(context.Background(), "ip", "a.test")
-	if err != nil || len(addrs) != 2 {
-		t.Fatalf("ip: %v, %v", addrs, err)
-	}
+	require.NoError(t, err, "ip")
+	assert.Len(t, addrs, 2, "ip")
 	addrs, err = h.srv.LookupNetIP(context.Background(), "ip4", "cname.test")
-	if err != nil || len(addrs) != 1 || addrs[0] != netip.MustParseAddr("140.82.112.3") {
-		t.Fatalf("ip4 through a CNAME: %v, %v", addrs, err)
-	}
-	if _, err := h.srv.LookupNetIP(context.Background(), "ip", "nx.test"); err == nil {
-		t.Fatal("NXDOMAIN resolved")
-	}
+	require.NoError(t, err, "ip4 through a CNAME")
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("140.82.112.3")}, addrs, "ip4 through a CNAME")
+	_, err = h.srv.LookupNetIP(context.Background(), "ip", "nx.test")
+	assert.Error(t, err, "NXDOMAIN resolved")
 	before := h.up.count("a.test")
 	h.srv.LookupNetIP(context.Background(), "ip", "a.test")
-	if h.up.count("a.test") != before {
-		t.Error("a cached answer went upstream again")
-	}
-	if len(h.log.List(egresslog.Filter{}, 0)) != 0 {
-		t.Error("the gateway's own lookups were recorded as an agent's")
-	}
+	assert.Equal(t, before, h.up.count("a.test"), "a cached answer went upstream again")
+	assert.Empty(t, h.log.List(egresslog.Filter{}, 0), "the gateway's own lookups were recorded as an agent's")
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/internal/testkit"
 )
@@ -122,9 +123,7 @@ func mustRR(s string) dns.RR {
 // reads and never replies, so queries time out.
 func deadUpstream(t testing.TB) string {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { pc.Close() })
 	go func() {
 		buf := make([]byte, 2048)

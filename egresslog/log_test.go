@@ -14,6 +14,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func rec(agent string, i int) Record {
@@ -26,25 +29,23 @@ func TestRingEvictsAtExactlyN(t *testing.T) {
 		l.Record(rec("a", i))
 	}
 	got := l.List(Filter{Agent: "a"}, 0)
-	if len(got) != 10 || got[0].Host != "h0.example" || got[9].Host != "h9.example" {
-		t.Fatalf("after N records: %d kept, first %q", len(got), got[0].Host)
-	}
+	require.Len(t, got, 10, "after N records: kept")
+	assert.Equal(t, "h0.example", got[0].Host, "after N records: first")
+	assert.Equal(t, "h9.example", got[9].Host, "after N records: last")
 	l.Record(rec("a", 10))
 	got = l.List(Filter{Agent: "a"}, 0)
-	if len(got) != 10 || got[0].Host != "h1.example" || got[9].Host != "h10.example" {
-		t.Fatalf("after N+1 records: %d kept, first %q last %q", len(got), got[0].Host, got[9].Host)
-	}
+	require.Len(t, got, 10, "after N+1 records: kept")
+	assert.Equal(t, "h1.example", got[0].Host, "after N+1 records: first")
+	assert.Equal(t, "h10.example", got[9].Host, "after N+1 records: last")
 	for i := 11; i < 35; i++ {
 		l.Record(rec("a", i))
 	}
 	got = l.List(Filter{Agent: "a"}, 3)
-	if len(got) != 3 || got[0].Host != "h32.example" || got[2].Host != "h34.example" {
-		t.Fatalf("newest 3 after wrapping: %+v", got)
-	}
+	require.Len(t, got, 3, "newest 3 after wrapping")
+	assert.Equal(t, "h32.example", got[0].Host, "newest 3 after wrapping: first")
+	assert.Equal(t, "h34.example", got[2].Host, "newest 3 after wrapping: last")
 	for i := 1; i < len(got); i++ {
-		if got[i].Seq <= got[i-1].Seq {
-			t.Fatalf("not oldest first: %d then %d", got[i-1].Seq, got[i].Seq)
-		}
+		assert.Greater(t, got[i].Seq, got[i-1].Seq, "not oldest first: %d then %d", got[i-1].Seq, got[i].Seq)
 	}
 }
 
@@ -53,9 +54,7 @@ func TestDefaultKeep(t *testing.T) {
 	for i := 0; i < DefaultKeep+5; i++ {
 		l.Record(rec("a", i))
 	}
-	if n := len(l.List(Filter{}, 0)); n != DefaultKeep {
-		t.Fatalf("zero Log kept %d records, want %d", n, DefaultKeep)
-	}
+	assert.Equal(t, DefaultKeep, len(l.List(Filter{}, 0)), "records kept by the zero Log")
 }
 
 func TestListFilters(t *testing.T) {
@@ -82,9 +81,7 @@ func TestListFilters(t *testing.T) {
 		for _, r := range l.List(tt.f, 0) {
 			hosts = append(hosts, r.Host)
 		}
-		if got := strings.Join(hosts, " "); got != tt.hosts {
-			t.Errorf("List(%+v) = %q, want %q", tt.f, got, tt.hosts)
-		}
+		assert.Equal(t, tt.hosts, strings.Join(hosts, " "), "List(%+v)", tt.f)
 	}
 }
 
@@ -97,38 +94,32 @@ func TestAgentBound(t *testing.T) {
 	l.Record(Record{Agent: "a", Allowed: true, Time: base.Add(10 * time.Second)}) // a is fresh again
 	l.Record(Record{Agent: "d", Allowed: true, Time: base.Add(11 * time.Second)})
 	agents := l.Agents()
-	if len(agents) != 3 || strings.Contains(strings.Join(agents, ""), "b") {
-		t.Fatalf("agents = %v, want b (least recently written) evicted", agents)
-	}
+	assert.Len(t, agents, 3, "agents")
+	assert.NotContains(t, strings.Join(agents, ""), "b", "agents = %v, want b (least recently written) evicted", agents)
 	l.Forget("a")
-	if len(l.List(Filter{Agent: "a"}, 0)) != 0 {
-		t.Fatal("Forget kept records")
-	}
+	assert.Empty(t, l.List(Filter{Agent: "a"}, 0), "Forget kept records")
 }
 
 func TestOpenConns(t *testing.T) {
 	l := &Log{}
 	c := l.Begin(Record{Agent: "a", Kind: KindTLS, Host: "api.github.com", Port: 443, Allowed: true})
 	open := l.OpenConns("a")
-	if len(open) != 1 || !open[0].Open || open[0].Host != "api.github.com" {
-		t.Fatalf("OpenConns = %+v", open)
-	}
-	if len(l.List(Filter{}, 0)) != 0 {
-		t.Fatal("an open connection was recorded before it closed")
-	}
+	require.Len(t, open, 1, "OpenConns")
+	assert.True(t, open[0].Open, "OpenConns = %+v: not marked open", open)
+	assert.Equal(t, "api.github.com", open[0].Host, "OpenConns host")
+	assert.Empty(t, l.List(Filter{}, 0), "an open connection was recorded before it closed")
 	c.End(Record{Agent: "a", Kind: KindTLS, Host: "api.github.com", Port: 443, Allowed: true, BytesUp: 10, BytesDown: 20})
 	c.End(Record{Agent: "a"}) // second End does nothing
-	if n := len(l.OpenConns("")); n != 0 {
-		t.Fatalf("%d open after End", n)
-	}
+	assert.Empty(t, l.OpenConns(""), "open after End")
 	got := l.List(Filter{}, 0)
-	if len(got) != 1 || got[0].Open || got[0].BytesDown != 20 || got[0].Duration <= 0 {
-		t.Fatalf("closed record = %+v", got)
-	}
+	require.Len(t, got, 1, "closed records")
+	assert.False(t, got[0].Open, "closed record = %+v: still marked open", got[0])
+	assert.Equal(t, int64(20), got[0].BytesDown, "closed record BytesDown")
+	assert.Positive(t, got[0].Duration, "closed record Duration")
 	s := l.Stats()["a"]
-	if s.BytesUp != 10 || s.BytesDown != 20 || s.Records != 1 {
-		t.Fatalf("stats = %+v", s)
-	}
+	assert.Equal(t, uint64(10), s.BytesUp, "stats BytesUp")
+	assert.Equal(t, uint64(20), s.BytesDown, "stats BytesDown")
+	assert.Equal(t, uint64(1), s.Records, "stats Records")
 }
 
 func TestStats(t *testing.T) {
@@ -142,17 +133,19 @@ func TestStats(t *testing.T) {
 	}
 	st := l.Stats()
 	a := st["a"]
-	if a.Records != 4 || a.Denied != 3 || a.DeniedByReason["no rule"] != 2 || a.DeniedByReason["port"] != 1 || a.Injected != 1 || a.BytesUp != 5 || a.BytesDown != 7 {
-		t.Errorf("stats a = %+v", a)
-	}
+	assert.Equal(t, uint64(4), a.Records, "stats a: Records")
+	assert.Equal(t, uint64(3), a.Denied, "stats a: Denied")
+	assert.Equal(t, uint64(2), a.DeniedByReason["no rule"], "stats a: DeniedByReason[no rule]")
+	assert.Equal(t, uint64(1), a.DeniedByReason["port"], "stats a: DeniedByReason[port]")
+	assert.Equal(t, uint64(1), a.Injected, "stats a: Injected")
+	assert.Equal(t, uint64(5), a.BytesUp, "stats a: BytesUp")
+	assert.Equal(t, uint64(7), a.BytesDown, "stats a: BytesDown")
 	b := st["b"]
-	if len(b.DeniedByReason) != maxReasonKeys+1 || b.DeniedByReason["other"] != 100-maxReasonKeys || b.Denied != 100 {
-		t.Errorf("stats b: %d reasons, other=%d", len(b.DeniedByReason), b.DeniedByReason["other"])
-	}
+	assert.Len(t, b.DeniedByReason, maxReasonKeys+1, "stats b: reasons")
+	assert.Equal(t, uint64(100-maxReasonKeys), b.DeniedByReason["other"], "stats b: other")
+	assert.Equal(t, uint64(100), b.Denied, "stats b: Denied")
 	a.DeniedByReason["no rule"] = 99 // a copy
-	if l.Stats()["a"].DeniedByReason["no rule"] != 2 {
-		t.Error("Stats returned the live map")
-	}
+	assert.Equal(t, uint64(2), l.Stats()["a"].DeniedByReason["no rule"], "Stats returned the live map")
 }
 
 // TestConcurrentWritersAndFollowers runs many writers and followers at
@@ -188,38 +181,27 @@ func TestConcurrentWritersAndFollowers(t *testing.T) {
 		f.Close()
 		n, last := 0, uint64(0)
 		for r := range f.C {
-			if r.Seq <= last {
-				t.Fatalf("follower saw seq %d after %d", r.Seq, last)
-			}
+			assert.Greater(t, r.Seq, last, "follower saw seq %d after %d", r.Seq, last)
 			last = r.Seq
 			n++
 		}
-		if n != writers*perWriter || f.Lost() != 0 {
-			t.Fatalf("follower got %d records, lost %d", n, f.Lost())
-		}
+		assert.Equal(t, writers*perWriter, n, "follower got records")
+		assert.Zero(t, f.Lost(), "follower lost records")
 	}
 	slow.Close()
-	if got := uint64(len(slow.C)); got+slow.Lost() != writers*perWriter || slow.Lost() == 0 {
-		t.Fatalf("slow follower: %d buffered, %d lost", got, slow.Lost())
-	}
+	buffered := uint64(len(slow.C))
+	assert.Equal(t, uint64(writers*perWriter), buffered+slow.Lost(), "slow follower: %d buffered, %d lost", buffered, slow.Lost())
+	assert.NotZero(t, slow.Lost(), "slow follower: %d buffered, none lost", buffered)
 	denied.Close()
 	nDenied := 0
 	for r := range denied.C {
-		if r.Allowed {
-			t.Fatalf("denied-only follower got %+v", r)
-		}
+		assert.False(t, r.Allowed, "denied-only follower got %+v", r)
 		nDenied++
 	}
-	if nDenied != writers*((perWriter+2)/3) {
-		t.Fatalf("denied follower got %d", nDenied)
-	}
-	if err := l.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if lines := bytes.Count(sinkBuf.Bytes(), []byte("\n")); lines != writers*perWriter {
-		dropped, failed := l.SinkStats()
-		t.Fatalf("sink wrote %d lines (dropped %d, failed %d)", lines, dropped, failed)
-	}
+	assert.Equal(t, writers*((perWriter+2)/3), nDenied, "denied follower got records")
+	require.NoError(t, l.Shutdown(context.Background()))
+	dropped, failed := l.SinkStats()
+	assert.Equal(t, writers*perWriter, bytes.Count(sinkBuf.Bytes(), []byte("\n")), "sink wrote lines (dropped %d, failed %d)", dropped, failed)
 }
 
 func TestFollowStopsWithContext(t *testing.T) {
@@ -233,9 +215,8 @@ func TestFollowStopsWithContext(t *testing.T) {
 	for r := range f.C { // closed by the cancel
 		got = append(got, r)
 	}
-	if len(got) != 1 || got[0].Agent != "a" {
-		t.Fatalf("follower got %+v", got)
-	}
+	require.Len(t, got, 1, "follower got %+v", got)
+	assert.Equal(t, "a", got[0].Agent, "follower got %+v", got)
 	l.Record(rec("a", 2)) // no panic after the follower is gone
 }
 
@@ -265,21 +246,15 @@ func TestSinksNeverBlock(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatal("recording blocked behind a blocked sink")
+		require.FailNow(t, "recording blocked behind a blocked sink")
 	}
-	if n := len(l.List(Filter{}, 0)); n != 1000 {
-		t.Fatalf("ring has %d records", n)
-	}
-	if dropped, _ := l.SinkStats(); dropped == 0 {
-		t.Fatal("no record was dropped for the blocked sink")
-	}
+	assert.Equal(t, 1000, len(l.List(Filter{}, 0)), "records in the ring")
+	dropped, _ := l.SinkStats()
+	assert.NotZero(t, dropped, "no record was dropped for the blocked sink")
 	close(bw.release)
-	if err := l.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if _, failed := l.SinkStats(); failed == 0 {
-		t.Fatal("the failing sink's errors were not counted")
-	}
+	require.NoError(t, l.Shutdown(context.Background()))
+	_, failed := l.SinkStats()
+	assert.NotZero(t, failed, "the failing sink's errors were not counted")
 }
 
 func TestCloseTimesOut(t *testing.T) {
@@ -289,37 +264,25 @@ func TestCloseTimesOut(t *testing.T) {
 	l.Record(rec("a", 1))
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := l.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Close = %v, want the context's error", err)
-	}
+	assert.ErrorIs(t, l.Shutdown(ctx), context.DeadlineExceeded, "Close must return the context's error")
 }
 
 func TestJSONFileSink(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "egress.jsonl")
 	s, err := OpenJSONFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	l := &Log{Sinks: []Sink{s}}
 	l.Record(Record{Agent: "a", Kind: KindHTTP, Host: "h", Path: "/p?token=x", Allowed: true})
-	if err := l.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, l.Shutdown(context.Background()))
+	require.NoError(t, s.Close())
 	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm() != 0o600 {
-		t.Errorf("log file mode %v, want 0600", fi.Mode().Perm())
-	}
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "log file mode")
 	data, _ := os.ReadFile(path)
 	r, err := ParseJSON(bytes.TrimSpace(data))
-	if err != nil || r.Path != "/p" || strings.Contains(string(data), "token") {
-		t.Fatalf("file: %s (%v)", data, err)
-	}
+	require.NoError(t, err, "file: %s", data)
+	assert.Equal(t, "/p", r.Path, "file: %s", data)
+	assert.NotContains(t, string(data), "token", "file: %s", data)
 }
 
 func TestSlogSink(t *testing.T) {
@@ -327,14 +290,10 @@ func TestSlogSink(t *testing.T) {
 	l := &Log{Sinks: []Sink{SlogSink{Logger: slog.New(slog.NewTextHandler(&buf, nil))}}}
 	l.Record(Record{Agent: "a", Kind: KindTLS, Host: "evil.example", Port: 443, Reason: "no rule"})
 	l.Record(Record{Agent: "a", Kind: KindHTTP, Host: "ok.example", Port: 443, Allowed: true, Secret: "gh", Status: 200})
-	if err := l.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, l.Shutdown(context.Background()))
 	out := buf.String()
 	for _, want := range []string{`level=WARN msg="egress denied"`, "host=evil.example", `reason="no rule"`, `level=INFO msg="egress allowed"`, "secret=gh", "status=200"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("slog output lacks %q:\n%s", want, out)
-		}
+		assert.Contains(t, out, want, "slog output lacks %q", want)
 	}
 }
 
@@ -368,16 +327,11 @@ func BenchmarkRecord(b *testing.B) {
 	for b.Loop() {
 		l.Record(r)
 		if i++; i%1024 == 0 { // stay within the sink queue
-			if err := l.Flush(context.Background()); err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, l.Flush(context.Background()))
 		}
 	}
-	if err := l.Shutdown(context.Background()); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, l.Shutdown(context.Background()))
 	b.StopTimer()
-	if dropped, failed := l.SinkStats(); dropped+failed != 0 {
-		b.Fatalf("sink dropped %d, failed %d", dropped, failed)
-	}
+	dropped, failed := l.SinkStats()
+	require.Zero(b, dropped+failed, "sink dropped %d, failed %d", dropped, failed)
 }

@@ -7,13 +7,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -47,41 +47,27 @@ func TestGoldenJSON(t *testing.T) {
 	for name, r := range goldenRecords {
 		t.Run(name, func(t *testing.T) {
 			got := r.AppendJSON(nil)
-			if !json.Valid(got) {
-				t.Fatalf("invalid JSON: %s", got)
-			}
+			require.True(t, json.Valid(got), "invalid JSON: %s", got)
 			path := filepath.Join("testdata", name+".golden.json")
 			if *update {
-				if err := os.WriteFile(path, append(got, '\n'), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.WriteFile(path, append(got, '\n'), 0o644))
 			}
 			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(append(got, '\n'), want) {
-				t.Errorf("JSON changed:\n got %s\nwant %s", got, want)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, string(want), string(append(got, '\n')), "JSON changed")
 			back, err := ParseJSON(bytes.TrimSpace(want))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(back, r) {
-				t.Errorf("round trip:\n got %+v\nwant %+v", back, r)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, r, back, "round trip")
 		})
 	}
 }
 
 func TestParseJSONRefusesMissingAllowed(t *testing.T) {
-	if _, err := ParseJSON([]byte(`{"seq":1,"time":"2026-11-29T08:00:00Z","agent":"a","kind":"tls"}`)); err == nil {
-		t.Fatal("a record without allowed parsed")
-	}
+	_, err := ParseJSON([]byte(`{"seq":1,"time":"2026-11-29T08:00:00Z","agent":"a","kind":"tls"}`))
+	assert.Error(t, err, "a record without allowed parsed")
 	for _, bad := range []string{`{`, `{"allowed":true,"time":"yesterday"}`, `{"allowed":true,"time":"2026-11-29T08:00:00Z","addr":"nope"}`, `{"allowed":true,"time":"2026-11-29T08:00:00Z","duration_ms":1e300}`} {
-		if _, err := ParseJSON([]byte(bad)); err == nil {
-			t.Errorf("ParseJSON(%s) succeeded", bad)
-		}
+		_, err := ParseJSON([]byte(bad))
+		assert.Error(t, err, "ParseJSON(%s) succeeded", bad)
 	}
 }
 
@@ -93,15 +79,11 @@ func TestSanitize(t *testing.T) {
 		Agent:  strings.Repeat("a", 200),
 	}
 	r.sanitize()
-	if r.Path != "/v1/x" {
-		t.Errorf("Path kept its query: %q", r.Path)
-	}
-	if len(r.Host) != MaxHostLen || len(r.Agent) != MaxAgentLen {
-		t.Errorf("host %d, agent %d bytes", len(r.Host), len(r.Agent))
-	}
-	if len(r.Reason) > MaxReasonLen || !utf8.ValidString(r.Reason) {
-		t.Errorf("reason cut badly: %d bytes, valid=%v", len(r.Reason), utf8.ValidString(r.Reason))
-	}
+	assert.Equal(t, "/v1/x", r.Path, "Path kept its query")
+	assert.Equal(t, MaxHostLen, len(r.Host), "host bytes")
+	assert.Equal(t, MaxAgentLen, len(r.Agent), "agent bytes")
+	assert.LessOrEqual(t, len(r.Reason), MaxReasonLen, "reason cut badly: too many bytes")
+	assert.True(t, utf8.ValidString(r.Reason), "reason cut badly: invalid UTF-8")
 }
 
 // TestSanitizeEscapesControls keeps a hostile name, path or reason from
@@ -130,21 +112,17 @@ func FuzzAppendJSON(f *testing.F) {
 		r := Record{Seq: 9, Time: time.Unix(1700000000, 42).UTC(), Agent: agent, Kind: KindHTTP, Host: host, Path: path,
 			Reason: reason, BytesUp: bytesUp, Duration: time.Duration(durMicros%1e12) * time.Microsecond, Allowed: true}
 		b := r.AppendJSON(nil)
-		if !json.Valid(b) {
-			t.Fatalf("invalid JSON for %+v: %q", r, b)
-		}
-		if bytes.ContainsAny(b, "\n\r") {
-			t.Fatalf("raw newline in %q", b)
-		}
+		require.True(t, json.Valid(b), "invalid JSON for %+v: %q", r, b)
+		require.False(t, bytes.ContainsAny(b, "\n\r"), "raw newline in %q", b)
 		back, err := ParseJSON(b)
-		if err != nil {
-			t.Fatal(err)
+		require.NoError(t, err)
+		if utf8.ValidString(agent) {
+			require.Equal(t, agent, back.Agent, "round trip changed strings: %+v vs %+v", back, r)
 		}
-		if utf8.ValidString(agent) && back.Agent != agent || utf8.ValidString(reason) && back.Reason != reason {
-			t.Fatalf("round trip changed strings: %+v vs %+v", back, r)
+		if utf8.ValidString(reason) {
+			require.Equal(t, reason, back.Reason, "round trip changed strings: %+v vs %+v", back, r)
 		}
-		if back.BytesUp != bytesUp || back.Duration != r.Duration {
-			t.Fatalf("round trip changed numbers: %+v vs %+v", back, r)
-		}
+		require.Equal(t, bytesUp, back.BytesUp, "round trip changed numbers: %+v vs %+v", back, r)
+		require.Equal(t, r.Duration, back.Duration, "round trip changed numbers: %+v vs %+v", back, r)
 	})
 }

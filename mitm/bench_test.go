@@ -44,9 +44,7 @@ func (r *rig) viaTProxy(t testing.TB, intercept bool) string {
 		p.Interceptor = r.ic
 	}
 	ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	go p.Serve(ln)
 	t.Cleanup(func() { p.Close() })
 	return ln.Addr().String()
@@ -79,18 +77,14 @@ func TestThroughTProxy(t *testing.T) {
 	r := newRig(t)
 	c := r.clientFor(r.viaTProxy(t, true), false)
 	resp, body := r.get(c, "https://api.test/through", http.Header{"Authorization": {"Bearer " + r.ph}})
-	if resp.StatusCode != 200 || r.upstreamHeader().Get("Authorization") != "Bearer "+secretValue {
-		t.Fatalf("%d %q, upstream Authorization %q", resp.StatusCode, body, r.upstreamHeader().Get("Authorization"))
-	}
+	require.Equal(t, 200, resp.StatusCode, body)
+	assert.Equal(t, "Bearer "+secretValue, r.upstreamHeader().Get("Authorization"), "upstream Authorization")
 	// other.test is not claimed: passed through untouched, the client
 	// sees the upstream's own certificate and the placeholder stays.
 	resp, _ = r.get(c, "https://other.test/through", http.Header{"Authorization": {"Bearer " + r.ph}})
-	if resp.StatusCode != 200 || resp.TLS.PeerCertificates[0].Issuer.CommonName != "upstream test root" {
-		t.Fatalf("passthrough: %d, issuer %q", resp.StatusCode, resp.TLS.PeerCertificates[0].Issuer.CommonName)
-	}
-	if got := r.upstreamHeader().Get("Authorization"); got != "Bearer "+r.ph {
-		t.Fatalf("a passed-through request was changed: %q", got)
-	}
+	require.Equal(t, 200, resp.StatusCode, "passthrough: status")
+	assert.Equal(t, "upstream test root", resp.TLS.PeerCertificates[0].Issuer.CommonName, "passthrough: issuer")
+	assert.Equal(t, "Bearer "+r.ph, r.upstreamHeader().Get("Authorization"), "a passed-through request was changed")
 }
 
 // TestInheritsTheProxysGuardAndResolver: an Interceptor without a Guard
@@ -172,11 +166,11 @@ func (s *syncWriter) Write(b []byte) (int, error) {
 
 func BenchmarkMintLeaf(b *testing.B) {
 	ca, err := NewCA("bench")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	now := time.Now()
 	for b.Loop() {
+		// b.Fatal, not require, inside the timed loop: require calls
+		// b.Helper (a lock and a stack walk) each time.
 		if _, err := mintLeaf(ca, "api.example.com", now); err != nil {
 			b.Fatal(err)
 		}
@@ -195,8 +189,7 @@ func getRate(b *testing.B, c *http.Client, url string, n, workers int) float64 {
 			defer wg.Done()
 			for next.Add(1) <= int64(n) {
 				resp, err := c.Get(url)
-				if err != nil {
-					b.Error(err)
+				if !assert.NoError(b, err) { // not the benchmark's goroutine: no FailNow
 					return
 				}
 				io.Copy(io.Discard, resp.Body)
@@ -311,6 +304,8 @@ func BenchmarkRedactedDownload(b *testing.B) {
 			sw.on.Store(on)
 			start := time.Now()
 			for range n {
+				// b.Fatal, not require, inside the timed span: require
+				// calls b.Helper (a lock and a stack walk) each time.
 				resp, err := c.Get("https://api.test/big")
 				if err != nil {
 					b.Fatal(err)

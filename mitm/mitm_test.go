@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/net/websocket"
 
 	"github.com/agenthold/egress/egresslog"
@@ -83,12 +85,10 @@ type rig struct {
 func newRig(t testing.TB) *rig {
 	r := &rig{t: t, log: &egresslog.Log{}, mux: http.NewServeMux()}
 	var err error
-	if r.ca, err = NewCA("mitm test"); err != nil {
-		t.Fatal(err)
-	}
-	if r.upRoot, err = NewCA("upstream test root"); err != nil {
-		t.Fatal(err)
-	}
+	r.ca, err = NewCA("mitm test")
+	require.NoError(t, err)
+	r.upRoot, err = NewCA("upstream test root")
+	require.NoError(t, err)
 	r.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		h := req.Header.Clone()
 		r.upHeader.Store(&h)
@@ -97,30 +97,20 @@ func newRig(t testing.TB) *rig {
 		fmt.Fprintf(w, "upstream saw host=%s proto=%s", req.Host, req.Proto)
 	})
 	ln, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r.upPort = uint16(ln.Addr().(*net.TCPAddr).Port)
 	upSrv := &http.Server{Handler: r.mux, ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{GetCertificate: upstreamCert(r.upRoot), NextProtos: []string{"h2", "http/1.1"}}}
 	go upSrv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { upSrv.Close() })
 
 	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, make([]byte, vault.KeySize), vault.Config{PlaceholderPrefix: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.vault.Set(vault.Secret{Name: "api", Rule: vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Template: "Bearer {{.Value}}"}}, []byte(secretValue)); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, r.vault.Set(vault.Secret{Name: "api", Rule: vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Template: "Bearer {{.Value}}"}}, []byte(secretValue)))
 	a, err := r.vault.Attach("a1", "api", "API_KEY")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	r.ph = a.Placeholder
 	r.pol, err = policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*", "other.test:*", "broken.test:*", "selfsigned.test:*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	guard, _ := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	loop := []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 	r.ic = &Interceptor{
@@ -140,9 +130,7 @@ func newRig(t testing.TB) *rig {
 // serveIntercepted accepts connections and intercepts each as host.
 func (r *rig) serveIntercepted(host string) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
 	r.t.Cleanup(func() { ln.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	r.t.Cleanup(cancel)
@@ -183,9 +171,7 @@ func (r *rig) get(c *http.Client, rawURL string, header http.Header) (*http.Resp
 		req.Header[k] = v
 	}
 	resp, err := c.Do(req)
-	if err != nil {
-		r.t.Fatalf("GET %s: %v", rawURL, err)
-	}
+	require.NoError(r.t, err, "GET %s", rawURL)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
@@ -207,23 +193,19 @@ func TestInjectHTTP1AndHTTP2(t *testing.T) {
 			if h2 {
 				wantProto = "HTTP/2.0"
 			}
-			if resp.StatusCode != 200 || resp.Proto != wantProto || !strings.Contains(body, "host=api.test") {
-				t.Fatalf("%d %s %q", resp.StatusCode, resp.Proto, body)
-			}
+			require.Equal(t, 200, resp.StatusCode, body)
+			require.Equal(t, wantProto, resp.Proto, body)
+			require.Contains(t, body, "host=api.test")
 			h := r.upstreamHeader()
-			if got := h.Get("Authorization"); got != "Bearer "+secretValue {
-				t.Errorf("upstream Authorization = %q", got)
-			}
-			if got := h.Get("X-Extra"); got != "id "+secretValue {
-				t.Errorf("upstream X-Extra = %q", got)
-			}
-			if q := *r.upQuery.Load(); q != "q="+secretValue {
-				t.Errorf("upstream query = %q", q)
-			}
+			assert.Equal(t, "Bearer "+secretValue, h.Get("Authorization"), "upstream Authorization")
+			assert.Equal(t, "id "+secretValue, h.Get("X-Extra"), "upstream X-Extra")
+			assert.Equal(t, "q="+secretValue, *r.upQuery.Load(), "upstream query")
 			rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/v1/x" && rec.Status == 200 })
-			if !rec.Allowed || rec.Secret != "api" || rec.Host != "api.test" || rec.Method != "GET" || rec.BytesDown == 0 {
-				t.Errorf("record %+v", rec)
-			}
+			assert.True(t, rec.Allowed, "record %+v", rec)
+			assert.Equal(t, "api", rec.Secret, "record %+v", rec)
+			assert.Equal(t, "api.test", rec.Host, "record %+v", rec)
+			assert.Equal(t, "GET", rec.Method, "record %+v", rec)
+			assert.NotZero(t, rec.BytesDown, "record %+v", rec)
 		})
 	}
 }
@@ -244,12 +226,9 @@ func TestCurlThroughInterception(t *testing.T) {
 	for _, proto := range []string{"--http1.1", "--http2"} {
 		out, err := exec.Command("curl", "-sS", proto, "--cacert", caFile, "--resolve", "api.test:"+port+":127.0.0.1",
 			"-H", "Authorization: Bearer "+r.ph, "https://api.test:"+port+"/curl").CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "host=api.test") {
-			t.Fatalf("curl %s: %s %v", proto, out, err)
-		}
-		if got := r.upstreamHeader().Get("Authorization"); got != "Bearer "+secretValue {
-			t.Fatalf("curl %s: upstream Authorization = %q", proto, got)
-		}
+		require.NoError(t, err, "curl %s: %s", proto, out)
+		require.Contains(t, string(out), "host=api.test", "curl %s", proto)
+		assert.Equal(t, "Bearer "+secretValue, r.upstreamHeader().Get("Authorization"), "curl %s: upstream Authorization", proto)
 	}
 }
 
@@ -265,20 +244,15 @@ func TestServerSentEventsStream(t *testing.T) {
 	})
 	for _, h2 := range []bool{false, true} {
 		resp, err := r.client(r.addr, h2).Get("https://api.test/events")
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		br := bufio.NewReader(resp.Body)
 		line, err := br.ReadString('\n')
-		if err != nil || line != "data: first\n" {
-			t.Fatalf("h2=%v: first event %q %v", h2, line, err)
-		}
+		require.NoError(t, err, "h2=%v: first event %q", h2, line)
+		require.Equal(t, "data: first\n", line, "h2=%v: first event", h2)
 		release <- struct{}{}
 		rest, _ := io.ReadAll(br)
 		resp.Body.Close()
-		if !strings.Contains(string(rest), "data: second") {
-			t.Fatalf("h2=%v: rest %q", h2, rest)
-		}
+		assert.Contains(t, string(rest), "data: second", "h2=%v: rest", h2)
 	}
 }
 
@@ -287,30 +261,22 @@ func TestWebSocketEcho(t *testing.T) {
 	r.mux.Handle("/ws", websocket.Handler(func(ws *websocket.Conn) { io.Copy(ws, ws) }))
 	pool := rootPool(r.ca)
 	cfg, err := websocket.NewConfig("wss://api.test/ws", "https://api.test/")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cfg.TlsConfig = &tls.Config{RootCAs: pool, ServerName: "api.test"}
 	cfg.Dialer = &net.Dialer{}
 	raw, err := net.Dial("tcp", r.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	tc := tls.Client(raw, cfg.TlsConfig)
 	ws, err := websocket.NewClient(cfg, tc)
-	if err != nil {
-		t.Fatalf("websocket handshake: %v", err)
-	}
+	require.NoError(t, err, "websocket handshake")
 	defer ws.Close()
 	for _, msg := range []string{"hello", "world"} {
-		if err := websocket.Message.Send(ws, msg); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, websocket.Message.Send(ws, msg))
 		var got string
 		ws.SetDeadline(time.Now().Add(5 * time.Second))
-		if err := websocket.Message.Receive(ws, &got); err != nil || got != msg {
-			t.Fatalf("echo %q: %q %v", msg, got, err)
-		}
+		err := websocket.Message.Receive(ws, &got)
+		require.NoError(t, err, "echo %q: %q", msg, got)
+		assert.Equal(t, msg, got, "echo")
 	}
 }
 
@@ -334,9 +300,7 @@ func TestLargeDownloadFlatMemory(t *testing.T) {
 	c := r.client(r.addr, false)
 	c.Timeout = 0 // the body may take a while under the race detector
 	resp, err := c.Get("https://api.test/big")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	var peak uint64
 	buf := make([]byte, 256<<10)
@@ -353,12 +317,8 @@ func TestLargeDownloadFlatMemory(t *testing.T) {
 			break
 		}
 	}
-	if n != size {
-		t.Fatalf("downloaded %d bytes", n)
-	}
-	if peak > 64<<20 {
-		t.Fatalf("heap reached %d MiB while streaming 1 GiB", peak>>20)
-	}
+	assert.Equal(t, int64(size), n, "bytes downloaded")
+	assert.LessOrEqual(t, peak, uint64(64<<20), "heap reached %d MiB while streaming 1 GiB", peak>>20)
 	t.Logf("peak heap in use while streaming 1 GiB: %d MiB", peak>>20)
 }
 
@@ -368,13 +328,11 @@ func TestBadUpstreamCertificates(t *testing.T) {
 	// name it.
 	brokenAddr := r.serveIntercepted("broken.test")
 	resp, body := r.get(r.client(brokenAddr, false), "https://broken.test/", nil)
-	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "certificate") {
-		t.Fatalf("wrong-name upstream: %d %q", resp.StatusCode, body)
-	}
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "wrong-name upstream: %q", body)
+	assert.Contains(t, body, "certificate", "wrong-name upstream")
 	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Host == "broken.test" })
-	if !strings.Contains(rec.Reason, "certificate") || rec.Status != http.StatusBadGateway {
-		t.Errorf("record %+v", rec)
-	}
+	assert.Contains(t, rec.Reason, "certificate", "record %+v", rec)
+	assert.Equal(t, http.StatusBadGateway, rec.Status, "record %+v", rec)
 	// selfsigned.test is a server with a certificate no root vouches for.
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), DNSNames: []string{"selfsigned.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
@@ -388,9 +346,8 @@ func TestBadUpstreamCertificates(t *testing.T) {
 	defer srv.Close()
 	selfAddr := r.serveIntercepted("selfsigned.test")
 	resp, body = r.get(r.client(selfAddr, false), "https://selfsigned.test/", nil)
-	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "certificate") {
-		t.Fatalf("self-signed upstream: %d %q", resp.StatusCode, body)
-	}
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "self-signed upstream: %q", body)
+	assert.Contains(t, body, "certificate", "self-signed upstream")
 }
 
 func TestHostMismatchJudgedOnItsOwn(t *testing.T) {
@@ -399,39 +356,27 @@ func TestHostMismatchJudgedOnItsOwn(t *testing.T) {
 	// SNI api.test, Host other.test: allowed by policy, but no rule names
 	// other.test, so the placeholder goes out unchanged.
 	resp, body := r.get(c, "https://api.test/", http.Header{"Authorization": {"Bearer " + r.ph}})
-	if resp.StatusCode != 200 {
-		t.Fatal(body)
-	}
+	require.Equal(t, 200, resp.StatusCode, body)
 	req, _ := http.NewRequest("GET", "https://api.test/mismatch", nil)
 	req.Host = "other.test"
 	req.Header.Set("Authorization", "Bearer "+r.ph)
 	resp2, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	io.Copy(io.Discard, resp2.Body)
 	resp2.Body.Close()
-	if resp2.StatusCode != 200 {
-		t.Fatalf("status %d", resp2.StatusCode)
-	}
-	if got := r.upstreamHeader().Get("Authorization"); got != "Bearer "+r.ph {
-		t.Fatalf("the credential reached a host its rule does not name: %q", got)
-	}
+	require.Equal(t, 200, resp2.StatusCode, "status")
+	assert.Equal(t, "Bearer "+r.ph, r.upstreamHeader().Get("Authorization"), "the credential reached a host its rule does not name")
 	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/mismatch" })
-	if rec.Secret != "" || rec.Reason != ReasonHostMismatch || rec.Host != "other.test" {
-		t.Errorf("record %+v", rec)
-	}
+	assert.Empty(t, rec.Secret, "record %+v", rec)
+	assert.Equal(t, ReasonHostMismatch, rec.Reason, "record %+v", rec)
+	assert.Equal(t, "other.test", rec.Host, "record %+v", rec)
 	// A Host the policy denies gets 403.
 	req, _ = http.NewRequest("GET", "https://api.test/denied", nil)
 	req.Host = "evil.test"
 	resp3, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	resp3.Body.Close()
-	if resp3.StatusCode != http.StatusForbidden {
-		t.Fatalf("denied Host: %d", resp3.StatusCode)
-	}
+	assert.Equal(t, http.StatusForbidden, resp3.StatusCode, "denied Host")
 }
 
 // TestCoalescedHTTP2 sends, on one HTTP/2 connection opened for api.test,
@@ -450,9 +395,7 @@ func TestCoalescedHTTP2(t *testing.T) {
 		},
 	}
 	cc, err := tr.NewClientConn(context.Background(), "https", "api.test:443")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer cc.Close()
 	for _, tt := range []struct {
 		authority string
@@ -467,14 +410,11 @@ func TestCoalescedHTTP2(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer "+r.ph)
 		r.upHeader.Store(nil)
 		resp, err := cc.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != tt.status || r.upstreamHeader().Get("Authorization") != tt.auth {
-			t.Errorf(":authority %s: status %d, upstream Authorization %q", tt.authority, resp.StatusCode, r.upstreamHeader().Get("Authorization"))
-		}
+		assert.Equal(t, tt.status, resp.StatusCode, ":authority %s: status", tt.authority)
+		assert.Equal(t, tt.auth, r.upstreamHeader().Get("Authorization"), ":authority %s: upstream Authorization", tt.authority)
 	}
 }
 
@@ -495,9 +435,7 @@ func TestSecretNeverLeaks(t *testing.T) {
 	r.ic.Resolver.(testkit.Resolver)["api.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.4")}
 	resp, body := r.get(c, "https://api.test/fail?key="+r.ph, nil)
 	answers = append(answers, body)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "status")
 	// Refused by netguard.
 	r.ic.CloseIdleConnections()
 	r.ic.Resolver.(testkit.Resolver)["api.test"] = []netip.Addr{netip.MustParseAddr("169.254.169.254")}
@@ -510,13 +448,9 @@ func TestSecretNeverLeaks(t *testing.T) {
 		sink.Write(rec.AppendJSON(nil))
 	}
 	for i, a := range append(answers, sink.String()) {
-		if strings.Contains(a, secretValue) {
-			t.Errorf("the secret leaked into output %d: %s", i, a)
-		}
+		assert.NotContains(t, a, secretValue, "the secret leaked into output %d", i)
 	}
-	if !strings.Contains(sink.String(), `"secret":"api"`) {
-		t.Errorf("records do not name the injected secret: %s", sink.String())
-	}
+	assert.Contains(t, sink.String(), `"secret":"api"`, "records do not name the injected secret")
 }
 
 func TestLeavesCache(t *testing.T) {
@@ -529,86 +463,60 @@ func TestLeavesCache(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			c, err := l.Get("new.example")
-			if err != nil {
-				t.Error(err)
-			}
+			assert.NoError(t, err) // not the test's goroutine: no FailNow
 			certs[i] = c
 		}()
 	}
 	wg.Wait()
+	// require: the rest of the test takes certs[0] as the cached leaf.
 	for _, c := range certs[1:] {
-		if c != certs[0] {
-			t.Fatal("a new host was minted more than once under concurrent demand")
-		}
+		require.Same(t, certs[0], c, "a new host was minted more than once under concurrent demand")
 	}
 	leaf := certs[0].Leaf
 	pool := rootPool(ca)
-	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "new.example", Roots: pool}); err != nil {
-		t.Fatalf("leaf does not verify for its host: %v", err)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{DNSName: "other.example", Roots: pool}); err == nil {
-		t.Fatal("leaf verifies for another host")
-	}
-	if leaf.PublicKey.(*ecdsa.PublicKey).Equal(&ca.Key.PublicKey) {
-		t.Fatal("leaf reuses the CA key")
-	}
-	if time.Until(leaf.NotAfter) > 49*time.Hour {
-		t.Fatalf("leaf valid until %v", leaf.NotAfter)
-	}
+	_, err := leaf.Verify(x509.VerifyOptions{DNSName: "new.example", Roots: pool})
+	assert.NoError(t, err, "leaf does not verify for its host")
+	_, err = leaf.Verify(x509.VerifyOptions{DNSName: "other.example", Roots: pool})
+	assert.Error(t, err, "leaf verifies for another host")
+	assert.False(t, leaf.PublicKey.(*ecdsa.PublicKey).Equal(&ca.Key.PublicKey), "leaf reuses the CA key")
+	assert.LessOrEqual(t, time.Until(leaf.NotAfter), 49*time.Hour, "leaf valid until %v", leaf.NotAfter)
 	other, _ := l.Get("other.example")
-	if other.PrivateKey.(*ecdsa.PrivateKey).Equal(certs[0].PrivateKey) {
-		t.Fatal("two leaves share a key")
-	}
+	assert.False(t, other.PrivateKey.(*ecdsa.PrivateKey).Equal(certs[0].PrivateKey), "two leaves share a key")
 	l.Get("third.example")
 	l.Get("new.example") // most recent again
 	l.Get("fourth.example")
-	if l.Len() != 3 {
-		t.Fatalf("%d leaves cached, want 3", l.Len())
-	}
+	assert.Equal(t, 3, l.Len(), "leaves cached")
 	again, _ := l.Get("new.example")
-	if again != certs[0] {
-		t.Fatal("the most recently used leaf was evicted")
-	}
+	assert.Same(t, certs[0], again, "the most recently used leaf was evicted")
 	o2, _ := l.Get("other.example")
-	if o2 == other {
-		t.Fatal("the least recently used leaf survived eviction")
-	}
+	assert.NotSame(t, other, o2, "the least recently used leaf survived eviction")
 	short := &Leaves{CA: ca, TTL: time.Nanosecond}
 	a, _ := short.Get("ttl.example")
 	time.Sleep(time.Millisecond) // let the TTL pass
 	b, _ := short.Get("ttl.example")
-	if a == b {
-		t.Fatal("an expired leaf was served")
-	}
+	assert.NotSame(t, a, b, "an expired leaf was served")
 }
 
 func TestCAPersistence(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "egress")
 	cert, key := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
 	ca1, err := LoadOrCreateCA(cert, key, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi, _ := os.Stat(key); fi.Mode().Perm() != 0o600 {
-		t.Fatalf("key mode %v", fi.Mode().Perm())
-	}
+	require.NoError(t, err)
+	fi, _ := os.Stat(key)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "key mode")
 	ca2, err := LoadOrCreateCA(cert, key, "test")
-	if err != nil || !ca2.Cert.Equal(ca1.Cert) {
-		t.Fatalf("reload: %v", err)
-	}
+	require.NoError(t, err, "reload")
+	assert.True(t, ca2.Cert.Equal(ca1.Cert), "reload: a different CA")
 	os.WriteFile(cert, []byte("garbage"), 0o644)
-	if _, err := LoadOrCreateCA(cert, key, "test"); err == nil {
-		t.Fatal("a damaged CA was accepted (or replaced)")
-	}
+	_, err = LoadOrCreateCA(cert, key, "test")
+	assert.Error(t, err, "a damaged CA was accepted (or replaced)")
 	os.Remove(cert)
-	if _, err := LoadOrCreateCA(cert, key, "test"); err == nil || !strings.Contains(err.Error(), "only one") {
-		t.Fatalf("a lone key: %v", err)
-	}
+	_, err = LoadOrCreateCA(cert, key, "test")
+	assert.ErrorContains(t, err, "only one", "a lone key")
 	other, _ := NewCA("other")
 	os.WriteFile(cert, other.PEM(), 0o644)
-	if _, err := LoadOrCreateCA(cert, key, "test"); err == nil {
-		t.Fatal("a certificate that does not match the key was accepted")
-	}
+	_, err = LoadOrCreateCA(cert, key, "test")
+	assert.Error(t, err, "a certificate that does not match the key was accepted")
 }
 
 func TestTrustFiles(t *testing.T) {
@@ -618,14 +526,13 @@ func TestTrustFiles(t *testing.T) {
 		t.Skipf("no system roots on this machine: %v", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) || !strings.HasSuffix(string(b), string(ca.PEM())) || strings.Count(string(b), "BEGIN CERTIFICATE") < 10 {
-		t.Fatal("the bundle is not the system roots followed by the CA")
-	}
+	// Not Contains and friends: they would print the whole bundle.
+	assert.True(t, pool.AppendCertsFromPEM(b), "the bundle is not the system roots followed by the CA: it does not parse")
+	assert.True(t, strings.HasSuffix(string(b), string(ca.PEM())), "the bundle is not the system roots followed by the CA: it does not end with the CA")
+	assert.GreaterOrEqual(t, strings.Count(string(b), "BEGIN CERTIFICATE"), 10, "the bundle is not the system roots followed by the CA: too few certificates")
 	env := strings.Join(Env("/etc/egress/bundle.pem", "/etc/egress/ca.pem"), " ")
 	for _, v := range []string{"SSL_CERT_FILE=/etc/egress/bundle.pem", "NODE_EXTRA_CA_CERTS=/etc/egress/ca.pem", "REQUESTS_CA_BUNDLE=", "CURL_CA_BUNDLE=", "GIT_SSL_CAINFO=", "AWS_CA_BUNDLE="} {
-		if !strings.Contains(env, v) {
-			t.Errorf("Env lacks %s", v)
-		}
+		assert.Contains(t, env, v, "Env lacks %s", v)
 	}
 }
 
@@ -650,13 +557,9 @@ func TestRefreshExchange(t *testing.T) {
 		json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("AT-%d-real", n), "refresh_token": next, "expires_in": 3600})
 	})
 	rule := vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Mode: vault.Refresh, Paths: []string{"/oauth/token"}}
-	if err := r.vault.Set(vault.Secret{Name: "refresh", Rule: rule}, []byte(first)); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.vault.Set(vault.Secret{Name: "refresh", Rule: rule}, []byte(first)))
 	access := vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Mode: vault.Login, Paths: []string{"/backend-api"}}
-	if err := r.vault.Set(vault.Secret{Name: "access", Rule: access}, []byte("AT-0-real")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.vault.Set(vault.Secret{Name: "access", Rule: access}, []byte("AT-0-real")))
 	r.vault.Detach("a1", "api") // its rule would set Authorization for every path
 	rph, _ := r.vault.Attach("a1", "refresh", "REFRESH")
 	aph, _ := r.vault.Attach("a1", "access", "ACCESS")
@@ -665,45 +568,33 @@ func TestRefreshExchange(t *testing.T) {
 	c := r.client(r.addr, false)
 	for round := 1; round <= 2; round++ {
 		resp, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"`+rph.Placeholder+`","client_id":"app"}`))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		var out map[string]any
 		json.NewDecoder(resp.Body).Decode(&out)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || out["refresh_token"] != rph.Placeholder || out["access_token"] != aph.Placeholder || out["expires_in"] != float64(3600) {
-			t.Fatalf("round %d: %d %v", round, resp.StatusCode, out)
-		}
+		assert.Equal(t, 200, resp.StatusCode, "round %d: %v", round, out)
+		assert.Equal(t, rph.Placeholder, out["refresh_token"], "round %d: refresh_token", round)
+		assert.Equal(t, aph.Placeholder, out["access_token"], "round %d: access_token", round)
+		assert.Equal(t, float64(3600), out["expires_in"], "round %d: expires_in", round)
 	}
-	if grants.Load() != 2 {
-		t.Fatalf("%d grants reached the endpoint", grants.Load())
-	}
+	assert.Equal(t, int32(2), grants.Load(), "grants that reached the endpoint")
 	// The rotated access token is used on the way out, by placeholder.
 	resp, _ := r.get(c, "https://api.test/backend-api/me", http.Header{"Authorization": {"Bearer " + aph.Placeholder}})
-	if resp.StatusCode != 200 || r.upstreamHeader().Get("Authorization") != "Bearer AT-2-real" {
-		t.Fatalf("access token after refresh: %q", r.upstreamHeader().Get("Authorization"))
-	}
+	require.Equal(t, 200, resp.StatusCode, "access token after refresh: status")
+	assert.Equal(t, "Bearer AT-2-real", r.upstreamHeader().Get("Authorization"), "access token after refresh")
 	// A refused grant whose error echoes the real token reaches the
 	// sandbox with the placeholder in its place.
-	if err := r.vault.Replace("refresh", []byte("RT-stale-real")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.vault.Replace("refresh", []byte("RT-stale-real")))
 	resp, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"`+rph.Placeholder+`"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	echoed, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(echoed), "RT-stale-real") || !strings.Contains(string(echoed), "unknown token "+rph.Placeholder) {
-		t.Fatalf("refused grant: %d %s", resp.StatusCode, echoed)
-	}
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "refused grant: %s", echoed)
+	assert.NotContains(t, string(echoed), "RT-stale-real", "refused grant")
+	assert.Contains(t, string(echoed), "unknown token "+rph.Placeholder, "refused grant")
 	// A grant with a token that is not the placeholder passes through.
 	resp2, err := c.Post("https://api.test/oauth/token", "application/json", strings.NewReader(`{"grant_type":"refresh_token","refresh_token":"something-else"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	resp2.Body.Close()
-	if resp2.StatusCode != http.StatusBadRequest {
-		t.Fatalf("foreign grant: %d", resp2.StatusCode)
-	}
+	assert.Equal(t, http.StatusBadRequest, resp2.StatusCode, "foreign grant")
 }

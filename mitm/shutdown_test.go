@@ -68,7 +68,7 @@ func TestInterceptCancelledWithLiveClients(t *testing.T) {
 		select {
 		case <-returned:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("cycle %d: Intercept still running 10s after its context ended", cycle)
+			require.FailNowf(t, "Intercept still running 10s after its context ended", "cycle %d", cycle)
 		}
 		ln.Close()
 		c.CloseIdleConnections()

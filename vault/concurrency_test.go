@@ -54,7 +54,7 @@ func TestSlowWriteDoesNotStallInjection(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):
-		t.Fatal("injection waited for a write stuck on the disk")
+		require.FailNow(t, "injection waited for a write stuck on the disk")
 	}
 	st.gate <- struct{}{}
 	require.NoError(t, <-written)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io/fs"
 	"net/http"
 	"net/url"
@@ -12,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func mustHex(s string) []byte {
@@ -37,33 +39,25 @@ func TestXChaChaVector(t *testing.T) {
 	tag := mustHex("c0875924c1c7987947deafd8780acf49")
 	sealed := append(append(append([]byte{}, nonce...), ct...), tag...)
 	got, err := open(key, aad, sealed)
-	if err != nil || !bytes.Equal(got, plaintext) {
-		t.Fatalf("open(vector) = %q, %v", got, err)
-	}
+	require.NoError(t, err, "open(vector)")
+	assert.Equal(t, plaintext, got, "open(vector)")
 	s1, err := seal(key, aad, plaintext)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	s2, _ := seal(key, aad, plaintext)
-	if bytes.Equal(s1[:24], s2[:24]) {
-		t.Fatal("two seals used the same nonce")
-	}
-	if got, err := open(key, aad, s1); err != nil || !bytes.Equal(got, plaintext) {
-		t.Fatalf("round trip: %q, %v", got, err)
-	}
+	assert.NotEqual(t, s1[:24], s2[:24], "two seals used the same nonce")
+	got, err = open(key, aad, s1)
+	assert.NoError(t, err, "round trip")
+	assert.Equal(t, plaintext, got, "round trip")
 	for i := range sealed {
 		bad := bytes.Clone(sealed)
 		bad[i] ^= 0x01
-		if _, err := open(key, aad, bad); !errors.Is(err, ErrOpen) {
-			t.Fatalf("flipping byte %d: %v", i, err)
-		}
+		_, err := open(key, aad, bad)
+		assert.ErrorIs(t, err, ErrOpen, "flipping byte %d", i)
 	}
-	if _, err := open(key, []byte("other record"), sealed); !errors.Is(err, ErrOpen) {
-		t.Fatal("opened with other associated data")
-	}
-	if _, err := open(key, aad, sealed[:30]); !errors.Is(err, ErrOpen) {
-		t.Fatal("opened a truncated record")
-	}
+	_, err = open(key, []byte("other record"), sealed)
+	assert.ErrorIs(t, err, ErrOpen, "opened with other associated data")
+	_, err = open(key, aad, sealed[:30])
+	assert.ErrorIs(t, err, ErrOpen, "opened a truncated record")
 }
 
 func testKey(b byte) []byte { return bytes.Repeat([]byte{b}, KeySize) }
@@ -72,88 +66,70 @@ func newVault(t *testing.T) (*Vault, FileStorage) {
 	t.Helper()
 	st := FileStorage{Path: filepath.Join(t.TempDir(), "secrets.json")}
 	v, err := Open(st, testKey(1), Config{PlaceholderPrefix: "agenthold"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return v, st
 }
 
 func preset(t *testing.T, name string) Rule {
 	r, ok := Preset(name)
-	if !ok {
-		t.Fatalf("no preset %q", name)
-	}
+	require.True(t, ok, "no preset %q", name)
 	return r
 }
 
 func TestPersistAndReopen(t *testing.T) {
 	v, st := newVault(t)
-	if err := v.Set(Secret{Name: "gh", Rule: preset(t, "github")}, []byte("ghp_secret1")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, v.Set(Secret{Name: "gh", Rule: preset(t, "github")}, []byte("ghp_secret1")))
 	a, err := v.Attach("a1", "gh", "GITHUB_TOKEN")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(a.Placeholder, "agenthold-placeholder-") || len(a.Placeholder) != len("agenthold-placeholder-")+32 {
-		t.Fatalf("placeholder %q", a.Placeholder)
-	}
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(a.Placeholder, "agenthold-placeholder-"), "placeholder %q", a.Placeholder)
+	assert.Len(t, a.Placeholder, len("agenthold-placeholder-")+32, "placeholder")
 	data, _ := os.ReadFile(st.Path)
-	if bytes.Contains(data, []byte("ghp_secret1")) {
-		t.Fatal("the value is in the file in clear")
-	}
+	// Not NotContains: on failure it would print the file, value and all.
+	assert.False(t, bytes.Contains(data, []byte("ghp_secret1")), "the value is in the file in clear")
 	v2, err := Open(st, testKey(1), Config{})
-	if err != nil {
-		t.Fatal(err)
+	require.NoError(t, err)
+	got := v2.Attachments("a1")
+	if assert.Len(t, got, 1, "attachments after reopen") {
+		assert.Equal(t, a, got[0], "attachments after reopen")
 	}
-	if got := v2.Attachments("a1"); len(got) != 1 || got[0] != a {
-		t.Fatalf("attachments after reopen: %+v", got)
-	}
-	if l := v2.List(); len(l) != 1 || l[0].Name != "gh" || l[0].Rule.Header != "Authorization" {
-		t.Fatalf("list: %+v", l)
+	l := v2.List()
+	if assert.Len(t, l, 1, "list") {
+		assert.Equal(t, "gh", l[0].Name, "list")
+		assert.Equal(t, "Authorization", l[0].Rule.Header, "list")
 	}
 	// Attaching again keeps the placeholder.
 	again, _ := v2.Attach("a1", "gh", "GH_TOKEN")
-	if again.Placeholder != a.Placeholder || again.Env != "GH_TOKEN" {
-		t.Fatalf("re-attach: %+v", again)
-	}
+	assert.Equal(t, a.Placeholder, again.Placeholder, "re-attach")
+	assert.Equal(t, "GH_TOKEN", again.Env, "re-attach")
 	other, _ := v2.Attach("a2", "gh", "GITHUB_TOKEN")
-	if other.Placeholder == a.Placeholder {
-		t.Fatal("two attachments share a placeholder")
-	}
+	assert.NotEqual(t, a.Placeholder, other.Placeholder, "two attachments share a placeholder")
 }
 
 func TestWrongKeyAndTampering(t *testing.T) {
 	v, st := newVault(t)
 	for _, n := range []string{"one", "two"} {
-		if err := v.Set(Secret{Name: n, Rule: preset(t, "openai")}, []byte("sk-"+n)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, v.Set(Secret{Name: n, Rule: preset(t, "openai")}, []byte("sk-"+n)))
 	}
-	if _, err := v.Attach("a1", "one", "OPENAI_API_KEY"); err != nil {
-		t.Fatal(err)
-	}
+	_, err := v.Attach("a1", "one", "OPENAI_API_KEY")
+	require.NoError(t, err)
 	good, _ := os.ReadFile(st.Path)
-	if _, err := Open(st, testKey(2), Config{}); !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "wrong master key") || !strings.Contains(err.Error(), st.Path) {
-		t.Fatalf("wrong key: %v", err)
-	}
+	_, err = Open(st, testKey(2), Config{})
+	assert.ErrorIs(t, err, ErrOpen, "wrong key")
+	assert.ErrorContains(t, err, "wrong master key", "wrong key")
+	assert.ErrorContains(t, err, st.Path, "wrong key")
 	// Every single-byte change of the file is refused.
 	for i := range good {
 		bad := bytes.Clone(good)
 		bad[i] ^= 0x20
-		if err := os.WriteFile(st.Path, bad, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := Open(st, testKey(1), Config{}); err == nil {
-			t.Fatalf("a file changed at byte %d (%q) opened", i, good[i])
-		}
+		require.NoError(t, os.WriteFile(st.Path, bad, 0o600))
+		_, err := Open(st, testKey(1), Config{})
+		assert.Error(t, err, "a file changed at byte %d (%q) opened", i, good[i])
 	}
 	// Truncations too.
 	for _, n := range []int{0, 1, len(good) / 2, len(good) - 2, len(good) - 1} {
 		os.WriteFile(st.Path, good[:n], 0o600)
-		if _, err := Open(st, testKey(1), Config{}); err == nil {
-			t.Fatalf("a file truncated to %d bytes opened", n)
-		}
+		_, err := Open(st, testKey(1), Config{})
+		assert.Error(t, err, "a file truncated to %d bytes opened", n)
 	}
 }
 
@@ -167,9 +143,7 @@ func TestSwappedRecords(t *testing.T) {
 	data, _ := os.ReadFile(st.Path)
 	_, body, _ := bytes.Cut(data, []byte("\n"))
 	var d document
-	if err := json.Unmarshal(body, &d); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, json.Unmarshal(body, &d))
 	cases := map[string]func(d *document){
 		"values swapped":    func(d *document) { d.Secrets[0].Sealed, d.Secrets[1].Sealed = d.Secrets[1].Sealed, d.Secrets[0].Sealed },
 		"rule hosts edited": func(d *document) { d.Secrets[0].Rule.Hosts = []string{"evil.example"} },
@@ -182,14 +156,11 @@ func TestSwappedRecords(t *testing.T) {
 			c.Secrets = append([]storedSecret(nil), d.Secrets...)
 			tamper(&c)
 			out, err := c.encode(testKey(1))
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			os.WriteFile(st.Path, out, 0o600)
 			_, err = Open(st, testKey(1), Config{})
-			if !errors.Is(err, ErrOpen) || !strings.Contains(err.Error(), "record \"") {
-				t.Fatalf("Open = %v, want ErrOpen naming the record", err)
-			}
+			assert.ErrorIs(t, err, ErrOpen, "Open: want ErrOpen naming the record")
+			assert.ErrorContains(t, err, "record \"", "Open: want ErrOpen naming the record")
 		})
 	}
 }
@@ -197,90 +168,73 @@ func TestSwappedRecords(t *testing.T) {
 func TestRotate(t *testing.T) {
 	v, st := newVault(t)
 	v.Set(Secret{Name: "one", Rule: preset(t, "anthropic")}, []byte("sk-ant-1"))
-	if err := v.Rotate(testKey(9)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(st, testKey(1), Config{}); err == nil {
-		t.Fatal("the old key still opens the vault")
-	}
+	require.NoError(t, v.Rotate(testKey(9)))
+	_, err := Open(st, testKey(1), Config{})
+	assert.Error(t, err, "the old key still opens the vault")
 	v2, err := Open(st, testKey(9), Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	a, _ := v2.Attach("a1", "one", "ANTHROPIC_API_KEY")
 	req := newRequest(t, "https://api.anthropic.com/v1/messages", nil)
-	if used, err := v2.Inject("a1", req); err != nil || len(used) != 1 || req.Header.Get("x-api-key") != "sk-ant-1" {
-		t.Fatalf("inject after rotation: %v %v %q (%s)", used, err, req.Header.Get("x-api-key"), a.Placeholder)
-	}
-	if err := v2.Rotate([]byte("short")); err == nil {
-		t.Fatal("rotated to a short key")
-	}
+	used, err := v2.Inject("a1", req)
+	assert.NoError(t, err, "inject after rotation")
+	assert.Len(t, used, 1, "inject after rotation: secrets used")
+	assert.Equal(t, "sk-ant-1", req.Header.Get("x-api-key"), "inject after rotation (placeholder %s)", a.Placeholder)
+	assert.Error(t, v2.Rotate([]byte("short")), "rotated to a short key")
 }
 
 func TestCrashLeftovers(t *testing.T) {
 	v, st := newVault(t)
 	v.Set(Secret{Name: "one", Rule: preset(t, "openai")}, []byte("sk-1"))
 	leftover := st.Path + ".tmp-deadbeef"
-	if err := os.WriteFile(leftover, []byte(`{"format":"egress-vault","vers`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(st, testKey(1), Config{}); err != nil {
-		t.Fatalf("a partial temporary file broke loading: %v", err)
-	}
-	if _, err := os.Stat(leftover); !errors.Is(err, fs.ErrNotExist) {
-		t.Fatal("the partial temporary file was not removed")
-	}
+	require.NoError(t, os.WriteFile(leftover, []byte(`{"format":"egress-vault","vers`), 0o600))
+	_, err := Open(st, testKey(1), Config{})
+	require.NoError(t, err, "a partial temporary file broke loading")
+	_, err = os.Stat(leftover)
+	assert.ErrorIs(t, err, fs.ErrNotExist, "the partial temporary file was not removed")
 }
 
 func TestKeyFile(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	path := filepath.Join(dir, "master.key")
 	k1, err := LoadKeyFile(path)
-	if err != nil || len(k1) != KeySize {
-		t.Fatalf("create: %d bytes, %v", len(k1), err)
-	}
+	require.NoError(t, err, "create")
+	// Not Len or Equal on keys: on failure they would print the key.
+	assert.Equal(t, KeySize, len(k1), "create: key length")
 	fi, _ := os.Stat(path)
 	di, _ := os.Stat(dir)
-	if fi.Mode().Perm() != 0o600 || di.Mode().Perm() != 0o700 {
-		t.Fatalf("modes: file %v, dir %v", fi.Mode().Perm(), di.Mode().Perm())
-	}
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "modes: file")
+	assert.Equal(t, os.FileMode(0o700), di.Mode().Perm(), "modes: dir")
 	k2, err := LoadKeyFile(path)
-	if err != nil || !bytes.Equal(k1, k2) {
-		t.Fatalf("reload: %v", err)
-	}
+	assert.NoError(t, err, "reload")
+	assert.True(t, bytes.Equal(k1, k2), "reload: a different key")
 	os.Chmod(path, 0o640)
-	if _, err := LoadKeyFile(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-		t.Fatalf("group-readable key file: %v", err)
-	}
+	_, err = LoadKeyFile(path)
+	assert.ErrorContains(t, err, "chmod 600", "group-readable key file")
 	os.Chmod(path, 0o600)
 	os.WriteFile(path, []byte("short"), 0o600)
-	if _, err := LoadKeyFile(path); err == nil {
-		t.Fatal("short key file accepted")
-	}
+	_, err = LoadKeyFile(path)
+	assert.Error(t, err, "short key file accepted")
 }
 
 func TestParseKey(t *testing.T) {
 	k := testKey(7)
 	for _, s := range []string{hex.EncodeToString(k), "  " + hex.EncodeToString(k) + "\n", "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc=", "BwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwcHBwc"} {
-		if got, err := ParseKey(s); err != nil || !bytes.Equal(got, k) {
-			t.Errorf("ParseKey(%q) = %x, %v", s, got, err)
-		}
+		got, err := ParseKey(s)
+		assert.NoError(t, err, "ParseKey(%q)", s)
+		assert.Equal(t, k, got, "ParseKey(%q)", s)
 	}
 	for _, s := range []string{"", "abcd", hex.EncodeToString(k[:31]), "not a key at all!"} {
-		if _, err := ParseKey(s); err == nil {
-			t.Errorf("ParseKey(%q) accepted it", s)
-		}
+		_, err := ParseKey(s)
+		assert.Error(t, err, "ParseKey(%q) accepted it", s)
 	}
 	t.Setenv("EGRESS_TEST_KEY", hex.EncodeToString(k))
-	if got, err := KeyFromEnv("EGRESS_TEST_KEY"); err != nil || !bytes.Equal(got, k) {
-		t.Errorf("KeyFromEnv: %v", err)
-	}
-	if _, err := KeyFromEnv("EGRESS_TEST_KEY_UNSET"); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("unset variable: %v", err)
-	}
-	if _, err := Open(FileStorage{Path: "/nonexistent"}, k[:16], Config{}); err == nil {
-		t.Error("Open accepted a short key")
-	}
+	got, err := KeyFromEnv("EGRESS_TEST_KEY")
+	assert.NoError(t, err, "KeyFromEnv")
+	assert.True(t, bytes.Equal(got, k), "KeyFromEnv: a different key") // not Equal: it would print the key
+	_, err = KeyFromEnv("EGRESS_TEST_KEY_UNSET")
+	assert.ErrorIs(t, err, fs.ErrNotExist, "unset variable")
+	_, err = Open(FileStorage{Path: "/nonexistent"}, k[:16], Config{})
+	assert.Error(t, err, "Open accepted a short key")
 }
 
 func TestRuleChecks(t *testing.T) {
@@ -300,33 +254,23 @@ func TestRuleChecks(t *testing.T) {
 		{Hosts: []string{"bad host"}, Header: "X"},
 	}
 	for i, r := range bad {
-		if _, err := r.compile(); err == nil {
-			t.Errorf("rule %d (%+v) accepted", i, r)
-		}
+		_, err := r.compile()
+		assert.Error(t, err, "rule %d (%+v) accepted", i, r)
 	}
 	for _, name := range PresetNames() {
 		r, _ := Preset(name)
-		if _, err := r.compile(); err != nil {
-			t.Errorf("preset %s: %v", name, err)
-		}
+		_, err := r.compile()
+		assert.NoError(t, err, "preset %s", name)
 	}
 	v, _ := newVault(t)
-	if err := v.Set(Secret{Name: "x", Rule: preset(t, "openai")}, []byte("line\r\nInjected: yes")); err == nil {
-		t.Error("a value that would split a header was stored")
-	}
-	if err := v.Set(Secret{Name: "../x", Rule: preset(t, "openai")}, []byte("v")); err == nil {
-		t.Error("a bad name was stored")
-	}
-	if err := v.Set(Secret{Name: "x", Rule: preset(t, "openai")}, nil); err == nil {
-		t.Error("an empty value was stored")
-	}
+	assert.Error(t, v.Set(Secret{Name: "x", Rule: preset(t, "openai")}, []byte("line\r\nInjected: yes")), "a value that would split a header was stored")
+	assert.Error(t, v.Set(Secret{Name: "../x", Rule: preset(t, "openai")}, []byte("v")), "a bad name was stored")
+	assert.Error(t, v.Set(Secret{Name: "x", Rule: preset(t, "openai")}, nil), "an empty value was stored")
 }
 
 func newRequest(t testing.TB, rawURL string, header http.Header) *http.Request {
 	u, err := url.Parse(rawURL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if header == nil {
 		header = http.Header{}
 	}
@@ -336,9 +280,7 @@ func newRequest(t testing.TB, rawURL string, header http.Header) *http.Request {
 func TestInjection(t *testing.T) {
 	v, _ := newVault(t)
 	set := func(name string, r Rule, value string) {
-		if err := v.Set(Secret{Name: name, Rule: r}, []byte(value)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, v.Set(Secret{Name: name, Rule: r}, []byte(value)))
 	}
 	for _, name := range PresetNames() {
 		set(name, preset(t, name), "VAL-"+name)
@@ -348,9 +290,7 @@ func TestInjection(t *testing.T) {
 	ph := map[string]string{}
 	for _, name := range append(PresetNames(), "login", "wild") {
 		a, err := v.Attach("a1", name, strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		ph[name] = a.Placeholder
 	}
 	otherAgent, _ := v.Attach("a2", "openai", "OPENAI_API_KEY")
@@ -402,23 +342,15 @@ func TestInjection(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			req := newRequest(t, tt.url, tt.header)
 			used, err := v.Inject(tt.agent, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := strings.Join(used, ","); got != tt.used {
-				t.Errorf("used %q, want %q", got, tt.used)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.used, strings.Join(used, ","), "used")
 			for _, c := range tt.checks {
-				if got := req.Header.Get(c.header); got != c.want {
-					t.Errorf("%s = %q, want %q", c.header, got, c.want)
-				}
+				assert.Equal(t, c.want, req.Header.Get(c.header), c.header)
 			}
-			if tt.query != "" && req.URL.RawQuery != tt.query {
-				t.Errorf("query = %q, want %q", req.URL.RawQuery, tt.query)
+			if tt.query != "" {
+				assert.Equal(t, tt.query, req.URL.RawQuery, "query")
 			}
-			if n := len(req.Header.Values("Authorization")); n > 1 {
-				t.Errorf("Authorization sent %d times", n)
-			}
+			assert.LessOrEqual(t, len(req.Header.Values("Authorization")), 1, "Authorization sent more than once")
 		})
 	}
 }
@@ -427,44 +359,33 @@ func TestDeleteAndDetach(t *testing.T) {
 	v, _ := newVault(t)
 	v.Set(Secret{Name: "gh", Rule: preset(t, "github")}, []byte("ghp_1"))
 	a, _ := v.Attach("a1", "gh", "GITHUB_TOKEN")
-	if err := v.Detach("a1", "gh"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, v.Detach("a1", "gh"))
 	req := newRequest(t, "https://api.github.com/user", http.Header{"Authorization": {"Bearer " + a.Placeholder}})
-	if used, _ := v.Inject("a1", req); len(used) != 0 || req.Header.Get("Authorization") != "Bearer "+a.Placeholder {
-		t.Fatal("a detached placeholder was replaced")
-	}
+	used, _ := v.Inject("a1", req)
+	assert.Empty(t, used, "a detached placeholder was replaced")
+	// Not Equal: on failure it would print the header, secret and all.
+	assert.True(t, req.Header.Get("Authorization") == "Bearer "+a.Placeholder, "a detached placeholder was replaced")
 	v.Attach("a1", "gh", "GITHUB_TOKEN")
-	if err := v.Delete("gh"); err != nil {
-		t.Fatal(err)
-	}
-	if len(v.Attachments("a1")) != 0 || len(v.List()) != 0 {
-		t.Fatal("delete left the secret or its attachments")
-	}
-	if err := v.Delete("gh"); err == nil {
-		t.Fatal("deleted a missing secret")
-	}
+	require.NoError(t, v.Delete("gh"))
+	assert.Empty(t, v.Attachments("a1"), "delete left the secret's attachments")
+	assert.Empty(t, v.List(), "delete left the secret")
+	assert.Error(t, v.Delete("gh"), "deleted a missing secret")
 }
 
 func TestSetRuleKeepsValue(t *testing.T) {
 	v, st := newVault(t)
 	v.Set(Secret{Name: "k", Rule: Rule{Hosts: []string{"a.example"}, Header: "X-Key"}}, []byte("V1"))
 	v.Attach("a1", "k", "K")
-	if err := v.SetRule("k", Rule{Hosts: []string{"b.example"}, Header: "X-Key", Template: "T {{.Value}}"}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, v.SetRule("k", Rule{Hosts: []string{"b.example"}, Header: "X-Key", Template: "T {{.Value}}"}))
 	v2, err := Open(st, testKey(1), Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	req := newRequest(t, "https://b.example/", nil)
-	if used, _ := v2.Inject("a1", req); len(used) != 1 || req.Header.Get("X-Key") != "T V1" {
-		t.Fatalf("after SetRule: %q", req.Header.Get("X-Key"))
-	}
+	used, _ := v2.Inject("a1", req)
+	assert.Len(t, used, 1, "after SetRule: secrets used")
+	assert.Equal(t, "T V1", req.Header.Get("X-Key"), "after SetRule")
 	req = newRequest(t, "https://a.example/", nil)
-	if used, _ := v2.Inject("a1", req); len(used) != 0 {
-		t.Fatal("the old host still gets the value")
-	}
+	used, _ = v2.Inject("a1", req)
+	assert.Empty(t, used, "the old host still gets the value")
 }
 
 func FuzzDecodeDocument(f *testing.F) {
@@ -526,6 +447,8 @@ func BenchmarkInject(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		req := &http.Request{Method: "POST", URL: u, Host: "api.openai.com", Header: http.Header{"Content-Type": {"application/json"}}}
+		// b.Fatal, not require, inside the timed loop: require calls
+		// b.Helper (a lock and a stack walk) each time.
 		if used, err := v.Inject("a1", req); err != nil || len(used) != 1 {
 			b.Fatal(used, err)
 		}
@@ -535,39 +458,31 @@ func BenchmarkInject(b *testing.B) {
 func TestFillBodyPlaceholderReplace(t *testing.T) {
 	v, _ := newVault(t)
 	rule := Rule{Hosts: []string{"auth.example"}, Header: "Authorization", Mode: Refresh, Paths: []string{"/oauth/token"}}
-	if err := v.Set(Secret{Name: "refresh", Rule: rule}, []byte("RT-1")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, v.Set(Secret{Name: "refresh", Rule: rule}, []byte("RT-1")))
 	a, _ := v.Attach("a1", "refresh", "REFRESH")
-	if ph, ok := v.Placeholder("a1", "refresh"); !ok || ph != a.Placeholder {
-		t.Fatalf("Placeholder = %q, %v", ph, ok)
-	}
-	if _, ok := v.Placeholder("a2", "refresh"); ok {
-		t.Fatal("another agent has a placeholder")
-	}
+	ph, ok := v.Placeholder("a1", "refresh")
+	assert.True(t, ok, "Placeholder")
+	assert.Equal(t, a.Placeholder, ph, "Placeholder")
+	_, ok = v.Placeholder("a2", "refresh")
+	assert.False(t, ok, "another agent has a placeholder")
 	body := []byte(`{"grant_type":"refresh_token","refresh_token":"` + a.Placeholder + `"}`)
 	out, used, err := v.FillBody("a1", "auth.example:443", "/oauth/token", body)
-	if err != nil || len(used) != 1 || string(out) != `{"grant_type":"refresh_token","refresh_token":"RT-1"}` {
-		t.Fatalf("FillBody = %s %v %v", out, used, err)
-	}
+	require.NoError(t, err, "FillBody")
+	assert.Len(t, used, 1, "FillBody: secrets used")
+	assert.Equal(t, `{"grant_type":"refresh_token","refresh_token":"RT-1"}`, string(out), "FillBody")
 	for _, tc := range []struct{ agent, host, path string }{{"a2", "auth.example", "/oauth/token"}, {"a1", "evil.example", "/oauth/token"}, {"a1", "auth.example", "/other"}} {
-		if out, used, _ := v.FillBody(tc.agent, tc.host, tc.path, body); len(used) != 0 || !bytes.Equal(out, body) {
-			t.Errorf("FillBody(%+v) filled: %s", tc, out)
-		}
+		out, used, _ := v.FillBody(tc.agent, tc.host, tc.path, body)
+		assert.Empty(t, used, "FillBody(%+v) filled", tc)
+		assert.Equal(t, string(body), string(out), "FillBody(%+v) filled", tc)
 	}
-	if err := v.Replace("refresh", []byte("RT-2")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, v.Replace("refresh", []byte("RT-2")))
 	out, _, _ = v.FillBody("a1", "auth.example", "/oauth/token", body)
-	if !bytes.Contains(out, []byte(`"RT-2"`)) {
-		t.Fatalf("after Replace: %s", out)
+	assert.Contains(t, string(out), `"RT-2"`, "after Replace")
+	got := v.Attachments("a1")
+	if assert.Len(t, got, 1, "Replace changed the attachment") {
+		assert.Equal(t, a.Placeholder, got[0].Placeholder, "Replace changed the attachment")
 	}
-	if got := v.Attachments("a1"); len(got) != 1 || got[0].Placeholder != a.Placeholder {
-		t.Fatal("Replace changed the attachment")
-	}
-	if err := v.Replace("missing", []byte("x")); err == nil {
-		t.Fatal("replaced a missing secret")
-	}
+	assert.Error(t, v.Replace("missing", []byte("x")), "replaced a missing secret")
 }
 
 func TestCovers(t *testing.T) {
@@ -575,34 +490,26 @@ func TestCovers(t *testing.T) {
 	v.Set(Secret{Name: "gh", Rule: Rule{Hosts: []string{"api.github.com", "*.githubusercontent.com"}, Header: "Authorization", Paths: []string{"/repos"}}}, []byte("t"))
 	v.Attach("a1", "gh", "GH")
 	for host, want := range map[string]bool{"api.github.com": true, "API.GitHub.com.": true, "raw.githubusercontent.com": true, "githubusercontent.com": false, "github.com": false, "": false} {
-		if got := v.Covers("a1", host); got != want {
-			t.Errorf("Covers(a1, %q) = %v, want %v", host, got, want)
-		}
+		assert.Equal(t, want, v.Covers("a1", host), "Covers(a1, %q)", host)
 	}
-	if v.Covers("a2", "api.github.com") {
-		t.Error("an agent without the attachment is covered")
-	}
+	assert.False(t, v.Covers("a2", "api.github.com"), "an agent without the attachment is covered")
 }
 
 func TestAttachPlaceholderAndMemoryStorage(t *testing.T) {
 	v, err := Open(&MemoryStorage{}, testKey(3), Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	v.Set(Secret{Name: "k", Rule: Rule{Hosts: []string{"api.example"}, Header: "X-Key"}}, []byte("V"))
 	v.Set(Secret{Name: "j", Rule: Rule{Hosts: []string{"api.example"}, Header: "X-Other"}}, []byte("W"))
-	if _, err := v.AttachPlaceholder("sb", "k", "KEY", "short"); err == nil {
-		t.Fatal("a short placeholder was accepted")
-	}
+	_, err = v.AttachPlaceholder("sb", "k", "KEY", "short")
+	assert.Error(t, err, "a short placeholder was accepted")
 	a, err := v.AttachPlaceholder("sb", "k", "KEY", "e2b-placeholder-0123456789abcdef")
-	if err != nil || a.Placeholder != "e2b-placeholder-0123456789abcdef" {
-		t.Fatalf("%+v %v", a, err)
-	}
-	if _, err := v.AttachPlaceholder("sb", "j", "J", "e2b-placeholder-0123456789abcdef"); err == nil {
-		t.Fatal("a placeholder was given to two secrets")
-	}
+	require.NoError(t, err)
+	require.Equal(t, "e2b-placeholder-0123456789abcdef", a.Placeholder, "%+v", a)
+	_, err = v.AttachPlaceholder("sb", "j", "J", "e2b-placeholder-0123456789abcdef")
+	assert.Error(t, err, "a placeholder was given to two secrets")
 	req := newRequest(t, "https://api.example/", http.Header{"Authorization": {"Bearer e2b-placeholder-0123456789abcdef"}})
-	if used, _ := v.Inject("sb", req); len(used) != 1 || req.Header.Get("Authorization") != "Bearer V" || req.Header.Get("X-Key") != "V" {
-		t.Fatalf("inject with a given placeholder: %v %v", used, req.Header)
-	}
+	used, _ := v.Inject("sb", req)
+	assert.Len(t, used, 1, "inject with a given placeholder: %v", req.Header)
+	assert.Equal(t, "Bearer V", req.Header.Get("Authorization"), "inject with a given placeholder")
+	assert.Equal(t, "V", req.Header.Get("X-Key"), "inject with a given placeholder")
 }
