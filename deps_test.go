@@ -25,11 +25,12 @@ var allowedDeps = map[string][]string{
 	"internal/httpfwd":   {module + "/netguard"},
 	"internal/serving":   nil,
 	"internal/redact":    nil,
-	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", "github.com/miekg/dns"},
-	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", module + "/internal/httpfwd"},
+	"internal/budget":    nil,
+	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", "github.com/miekg/dns"},
+	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.
 	"tproxy/nftrules": {"github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
-	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/httpmeter", module + "/internal/httpfwd"},
+	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd", module + "/internal/redact"},
 }
 
 // TestDependencyGraph keeps the packages independent: each imports only

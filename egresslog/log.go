@@ -35,8 +35,14 @@ type Log struct {
 	// SinkQueue is the number of records waiting for the sinks before new
 	// ones are dropped; zero means DefaultSinkQueue.
 	SinkQueue int
+	// CountedReasons are denial reasons Stats always counts under their
+	// own name. Other reasons share a bound of 64 distinct ones per agent,
+	// beyond which they count as "other": an agent can provoke any number
+	// of them, and must not hide the ones an operator watches.
+	CountedReasons []string
 
 	initOnce sync.Once
+	counted  map[string]bool
 	seq      atomic.Uint64
 	openID   atomic.Uint64
 
@@ -70,6 +76,10 @@ type agentLog struct {
 func (l *Log) init() {
 	l.initOnce.Do(func() {
 		l.agents = map[string]*agentLog{}
+		l.counted = map[string]bool{}
+		for _, r := range l.CountedReasons {
+			l.counted[r] = true
+		}
 		l.followers = map[*Follower]struct{}{}
 		if len(l.Sinks) > 0 {
 			n := l.SinkQueue
@@ -160,7 +170,7 @@ func (l *Log) add(r Record) {
 		a.ring[a.next] = r
 		a.next = (a.next + 1) % keep
 	}
-	a.stats.add(&r)
+	a.stats.add(&r, l.counted)
 	a.mu.Unlock()
 
 	for f := range l.followers {

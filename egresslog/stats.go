@@ -7,18 +7,18 @@ import "maps"
 type Stats struct {
 	Records        uint64            // records of every kind
 	Denied         uint64            // denied records (report-mode ones included)
-	DeniedByReason map[string]uint64 // denials by reason; at most 64 reasons, the rest under "other"
+	DeniedByReason map[string]uint64 // denials by reason; at most 64 reasons besides Log.CountedReasons, the rest under "other"
 	Injected       uint64            // requests that carried an injected secret
 	BytesUp        uint64            // agent towards destinations
 	BytesDown      uint64            // destinations back to the agent
 }
 
-func (s *Stats) add(r *Record) {
+func (s *Stats) add(r *Record, counted map[string]bool) {
 	s.Records++
 	if !r.Allowed || r.Report {
 		s.Denied++
 		reason := r.Reason
-		if _, ok := s.DeniedByReason[reason]; !ok && len(s.DeniedByReason) >= maxReasonKeys {
+		if _, ok := s.DeniedByReason[reason]; !ok && !counted[reason] && s.uncounted(counted) >= maxReasonKeys {
 			reason = "other"
 		}
 		s.DeniedByReason[reason]++
@@ -35,6 +35,18 @@ func (s *Stats) add(r *Record) {
 	if r.BytesDown > 0 {
 		s.BytesDown += uint64(r.BytesDown)
 	}
+}
+
+// uncounted is the number of distinct reasons held that are not among the
+// counted ones.
+func (s *Stats) uncounted(counted map[string]bool) int {
+	n := len(s.DeniedByReason)
+	for r := range counted {
+		if _, ok := s.DeniedByReason[r]; ok {
+			n--
+		}
+	}
+	return n
 }
 
 // Stats returns a copy of each agent's counters.

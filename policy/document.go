@@ -22,6 +22,11 @@ import (
 //	  - 203.0.113.0/24:443
 //	allow-private-networks: false # or allowPrivateNetworks
 //	report: false                 # dry run: log what enforce would deny
+//	quotas:                       # per agent; 0 or absent: the default, -1: none
+//	  connections-per-second: 500
+//	  dns-queries-per-second: 500
+//	  bytes-per-second-up: 0      # 0: no limit
+//	  bytes-per-second-down: 0
 //
 // Unknown keys are errors, so a typo never silently loosens or tightens a
 // policy, and a newer control plane's document denies on an older reader
@@ -35,6 +40,7 @@ type Document struct {
 	AllowPrivateNetworks *bool    `yaml:"allow-private-networks" json:"allow-private-networks,omitempty"`
 	AllowPrivateAlias    *bool    `yaml:"allowPrivateNetworks" json:"allowPrivateNetworks,omitempty"`
 	Report               bool     `yaml:"report" json:"report,omitempty"`
+	Quotas               Quotas   `yaml:"quotas" json:"quotas,omitempty"`
 }
 
 // Reasons for the deny-all policies that Parse and Load return.
@@ -85,6 +91,7 @@ func (d *Document) Compile() (*Policy, error) {
 		Allow:                append(d.Allow, d.AllowOut...),
 		AllowPrivateNetworks: allowPrivate != nil && *allowPrivate,
 		Report:               d.Report,
+		Quotas:               d.Quotas,
 	})
 }
 

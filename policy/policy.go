@@ -60,6 +60,8 @@ type Config struct {
 	// Report decides as the policy would but allows what it would deny,
 	// marking the decision (a dry run).
 	Report bool
+	// Quotas bound what the agent may take of a shared gateway.
+	Quotas Quotas
 }
 
 // Reasons a Decision gives. They are constants so that deciding never
@@ -110,6 +112,7 @@ type Policy struct {
 	any          []rule            // "*" entries
 	prefixes     *netguard.PrefixMap[[]rule]
 	size         int
+	quotas       Quotas // defaults resolved
 }
 
 // New compiles a policy. Every allow entry must parse; an error names the
@@ -128,6 +131,10 @@ func New(cfg Config) (*Policy, error) {
 		denyReason:   ReasonDenyAll,
 		exact:        map[string][]rule{},
 		wildcard:     map[string][]rule{},
+		quotas:       cfg.Quotas.withDefaults(),
+	}
+	if err := cfg.Quotas.check(); err != nil {
+		return nil, err
 	}
 	switch cfg.Mode {
 	case DenyAll, Allowlist, Open:
@@ -168,7 +175,7 @@ func New(cfg Config) (*Policy, error) {
 // Deny returns a policy that denies everything, giving reason as the
 // Decision's reason: "policy file absent", "enforce is false".
 func Deny(reason string) *Policy {
-	return &Policy{mode: DenyAll, denyReason: reason}
+	return &Policy{mode: DenyAll, denyReason: reason, quotas: Quotas{}.withDefaults()}
 }
 
 // Mode returns the policy's mode.

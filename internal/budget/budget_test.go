@@ -1,0 +1,64 @@
+package budget
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestRatesTake(t *testing.T) {
+	var r Rates
+	now := time.Unix(1000, 0)
+	taken := 0
+	for range 20 {
+		if r.Take("a", 1, 5, 10, now) {
+			taken++
+		}
+	}
+	assert.Equal(t, 10, taken, "a full bucket gives its burst at once")
+	assert.False(t, r.Take("a", 1, 5, 10, now))
+	assert.True(t, r.Take("b", 1, 5, 10, now), "another key has its own bucket")
+	assert.True(t, r.Take("a", 1, 5, 10, now.Add(200*time.Millisecond)), "one token after 1/5 s")
+	assert.False(t, r.Take("a", 1, 5, 10, now.Add(200*time.Millisecond)))
+	assert.True(t, r.Take("a", 1, 0, 0, now), "no rate, no limit")
+}
+
+func TestRatesBoundKeys(t *testing.T) {
+	r := Rates{MaxKeys: 4}
+	now := time.Unix(1000, 0)
+	for i := range 4 {
+		assert.True(t, r.Take(fmt.Sprint(i), 1, 1, 1, now))
+	}
+	assert.False(t, r.Take("new", 1, 1, 1, now), "every bucket is busy: a new key is shed")
+	assert.True(t, r.Take("new", 1, 1, 1, now.Add(2*time.Second)), "idle buckets make room")
+	assert.LessOrEqual(t, len(r.buckets), 4)
+}
+
+func TestRatesWait(t *testing.T) {
+	var r Rates
+	now := time.Unix(1000, 0)
+	assert.Zero(t, r.Wait("a", 1000, 1000, 1000, now), "the burst is free")
+	assert.Equal(t, 500*time.Millisecond, r.Wait("a", 500, 1000, 1000, now), "then 1000 per second")
+	assert.Equal(t, time.Second, r.Wait("a", 500, 1000, 1000, now), "debts add up")
+	assert.Zero(t, r.Wait("a", 1<<30, 0, 0, now), "no rate, no wait")
+}
+
+func TestCounter(t *testing.T) {
+	var c Counter
+	assert.True(t, c.Acquire("a", 2, 3))
+	assert.True(t, c.Acquire("a", 2, 3))
+	assert.False(t, c.Acquire("a", 2, 3), "a's limit")
+	assert.True(t, c.Acquire("b", 2, 3))
+	assert.False(t, c.Acquire("c", 2, 3), "the total")
+	c.Release("a")
+	assert.True(t, c.Acquire("c", 2, 3))
+	n, total := c.Count("a")
+	assert.Equal(t, 1, n)
+	assert.Equal(t, 3, total)
+	c.Release("a")
+	c.Release("b")
+	c.Release("c")
+	assert.Empty(t, c.n, "released keys are forgotten")
+}
