@@ -38,7 +38,7 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 		go func() {
 			req := new(dns.Msg)
 			req.SetQuestion(name, qt)
-			m, _, err := s.resolve(req, req.Question[0], false)
+			m, _, err := s.resolve(ctx, "", req, req.Question[0], false)
 			if err != nil {
 				results <- result{i: i, err: err}
 				return

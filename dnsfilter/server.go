@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -25,16 +26,20 @@ var ErrServerClosed = errors.New("dnsfilter: server closed")
 
 // Defaults for a Server's zero fields.
 const (
-	DefaultTimeout     = 2 * time.Second
-	DefaultMaxInFlight = 1024
+	DefaultTimeout             = 2 * time.Second
+	DefaultMaxInFlight         = 1024
+	DefaultMaxInFlightPerAgent = 64
+	DefaultGatewayInFlight     = 256
 )
 
 // Reasons recorded for queries that never reach the policy.
 const (
-	ReasonUnknownSource = "query from an unknown source"
-	ReasonBadClass      = "query class is not IN"
-	ReasonZoneTransfer  = "zone transfers are refused"
-	ReasonOverloaded    = "too many queries in flight"
+	ReasonUnknownSource   = "query from an unknown source"
+	ReasonBadClass        = "query class is not IN"
+	ReasonZoneTransfer    = "zone transfers are refused"
+	ReasonOverloaded      = "too many queries in flight"
+	ReasonAgentOverloaded = "too many of this agent's queries in flight"
+	ReasonGatewayBusy     = "too many of the gateway's own lookups in flight"
 )
 
 // Server is the sandboxes' DNS server. The zero Server refuses every query
@@ -69,15 +74,25 @@ type Server struct {
 	// MemoryPerAgent bounds the remembered (address, name) pairs per agent;
 	// zero means DefaultMemoryPerAgent.
 	MemoryPerAgent int
-	// MaxInFlight bounds queries waiting for an upstream; beyond it new
-	// queries get SERVFAIL at once. Zero means DefaultMaxInFlight.
-	MaxInFlight int
+	// MaxInFlight bounds the sandboxes' queries waiting for an upstream,
+	// and MaxInFlightPerAgent each agent's share of them; beyond either,
+	// new queries get SERVFAIL at once, and other agents' are untouched.
+	// Zero means DefaultMaxInFlight and DefaultMaxInFlightPerAgent. An
+	// agent's query rate is its policy's quota (policy.Quotas).
+	MaxInFlight, MaxInFlightPerAgent int
+	// GatewayInFlight bounds the gateway's own lookups (LookupNetIP)
+	// waiting for an upstream, a budget apart from the sandboxes', so that
+	// no agent's flood can keep the gateway from resolving what it dials.
+	// Zero means DefaultGatewayInFlight.
+	GatewayInFlight int
 
 	initOnce  sync.Once
 	cache     *cache
 	mem       *memory
 	flight    singleflight.Group
-	slots     chan struct{}
+	inFlight  budget.Counter // the sandboxes' queries, per agent
+	gateway   budget.Counter // the gateway's own lookups
+	rates     budget.Rates   // queries per second, per agent
 	upstreams []string
 	upErr     error
 
@@ -93,7 +108,6 @@ func (s *Server) init() {
 			s.cache = newCache(cmp(s.CacheSize, DefaultCacheSize))
 		}
 		s.mem = newMemory(cmpDur(s.MinTTL, DefaultMinTTL), cmpDur(s.MaxTTL, DefaultMaxTTL), cmp(s.MemoryPerAgent, DefaultMemoryPerAgent))
-		s.slots = make(chan struct{}, cmp(s.MaxInFlight, DefaultMaxInFlight))
 		s.upstreams = s.Upstreams
 		if s.upstreams == nil {
 			s.upstreams, s.upErr = SystemUpstreams()
@@ -337,7 +351,11 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 		agent, pol, ok = s.Agents(src)
 	}
 	rec.Agent = agent
+	q0 := pol.Quotas().DNSQueriesPerSecond
 	switch {
+	case ok && !s.rates.Take(agent, 1, q0, 2*q0, time.Now()):
+		resp.Rcode = dns.RcodeRefused
+		return resp, withReason(rec, policy.ReasonQuotaDNS)
 	case !ok:
 		return blocked(resp, dns.RcodeRefused, ReasonUnknownSource), withReason(rec, ReasonUnknownSource)
 	case q.Qclass != dns.ClassINET:
@@ -354,7 +372,7 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	}
 
 	do := opt != nil && opt.Do()
-	up, age, err := s.resolve(req, q, do)
+	up, age, err := s.resolve(context.Background(), agent, req, q, do)
 	if err != nil {
 		resp.Rcode = dns.RcodeServerFailure
 		rec.Reason = "upstream failed: " + err.Error()
@@ -388,7 +406,10 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 
 // resolve returns the upstream answer to q, from the cache or from one
 // exchange shared by every concurrent asker, and how long it was cached.
-func (s *Server) resolve(req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
+// An asker waiting for the upstream takes a place in its budget: agent's
+// (and the sandboxes' total), or, for agent "", the gateway's own; none
+// left is an error at once. The wait ends with ctx.
+func (s *Server) resolve(ctx context.Context, agent string, req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
 	key := cacheKey{name: strings.ToLower(q.Name), qtype: q.Qtype, do: do}
 	now := time.Now()
 	if s.cache != nil {
@@ -399,14 +420,21 @@ func (s *Server) resolve(req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.
 	if s.upErr != nil {
 		return nil, 0, s.upErr
 	}
-	select {
-	case s.slots <- struct{}{}:
-		defer func() { <-s.slots }()
-	default:
+	if agent == "" {
+		if !s.gateway.Acquire("", 0, cmp(s.GatewayInFlight, DefaultGatewayInFlight)) {
+			return nil, 0, errors.New(ReasonGatewayBusy)
+		}
+		defer s.gateway.Release("")
+	} else if !s.inFlight.Acquire(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)) {
+		if n, _ := s.inFlight.Count(agent); n >= cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent) {
+			return nil, 0, errors.New(ReasonAgentOverloaded)
+		}
 		return nil, 0, errors.New(ReasonOverloaded)
+	} else {
+		defer s.inFlight.Release(agent)
 	}
 	flightKey := key.name + "/" + strconv.Itoa(int(key.qtype)) + "/" + strconv.FormatBool(do)
-	v, err, _ := s.flight.Do(flightKey, func() (any, error) {
+	ch := s.flight.DoChan(flightKey, func() (any, error) {
 		q.Name = key.name // ask in canonical case; the answer is matched case-insensitively
 		m, err := exchange(context.Background(), s.upstreams, upstreamQuery(req, q, do), cmpDur(s.Timeout, DefaultTimeout))
 		if err != nil {
@@ -417,10 +445,15 @@ func (s *Server) resolve(req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.
 		}
 		return m, nil
 	})
-	if err != nil {
-		return nil, 0, err
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, 0, r.Err
+		}
+		return r.Val.(*dns.Msg), 0, nil
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
 	}
-	return v.(*dns.Msg), 0, nil
 }
 
 // blocked sets rcode and, when the client speaks EDNS0, an Extended DNS

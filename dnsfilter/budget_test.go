@@ -1,0 +1,166 @@
+package dnsfilter
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
+	"github.com/agenthold/egress/policy"
+)
+
+// budgetWorld is a server for two agents, a hostile one on 127.0.0.1 and
+// a victim on 127.0.0.3, in front of an upstream that answers names under
+// slow.test only after a delay.
+type budgetWorld struct {
+	srv     *Server
+	log     *egresslog.Log
+	addr    string
+	release chan struct{} // closing it lets slow answers go
+	slowAsk atomic.Int32
+}
+
+func newBudgetWorld(t *testing.T, quotas policy.Quotas, configure func(*Server)) *budgetWorld {
+	w := &budgetWorld{log: &egresslog.Log{}, release: make(chan struct{})}
+	upstream := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg).SetReply(r)
+		name := r.Question[0].Name
+		if strings.HasSuffix(name, ".slow.test.") {
+			w.slowAsk.Add(1)
+			<-w.release
+		}
+		if r.Question[0].Qtype == dns.TypeA {
+			rr, _ := dns.NewRR(name + " 60 IN A 140.82.112.3")
+			m.Answer = append(m.Answer, rr)
+		}
+		rw.WriteMsg(m)
+	})
+	upPC, upLn := testkit.ListenDNS(t)
+	testkit.ServeDNS(t, upstream, upPC, upLn)
+	// Cleanups run last first: slow answers go before the servers stop.
+	t.Cleanup(func() {
+		select {
+		case <-w.release:
+		default:
+			close(w.release)
+		}
+	})
+	pol, err := policy.New(policy.Config{Allow: []string{"*.slow.test", "*.fast.test"}, Quotas: quotas})
+	require.NoError(t, err)
+	w.srv = &Server{
+		Agents: func(src netip.Addr) (string, *policy.Policy, bool) {
+			switch src {
+			case netip.MustParseAddr("127.0.0.1"):
+				return "hostile", pol, true
+			case netip.MustParseAddr("127.0.0.3"):
+				return "victim", pol, true
+			}
+			return "", nil, false
+		},
+		Upstreams: []string{upPC.LocalAddr().String()},
+		Log:       w.log,
+		Timeout:   10 * time.Second,
+	}
+	if configure != nil {
+		configure(w.srv)
+	}
+	pc, ln := testkit.ListenDNS(t)
+	w.addr = pc.LocalAddr().String()
+	served := make(chan error, 1)
+	go func() { served <- w.srv.Serve(pc, ln) }()
+	t.Cleanup(func() {
+		w.srv.Close()
+		<-served
+	})
+	return w
+}
+
+// ask sends one query from source and returns the rcode.
+func (w *budgetWorld) ask(t *testing.T, source, name string) int {
+	c := &dns.Client{Net: "udp", Timeout: 5 * time.Second, Dialer: &net.Dialer{LocalAddr: &net.UDPAddr{IP: net.ParseIP(source)}}}
+	m := new(dns.Msg).SetQuestion(dns.Fqdn(name), dns.TypeA)
+	resp, _, err := c.Exchange(m, w.addr)
+	if !assert.NoError(t, err, "%s asking %s", source, name) {
+		return -1
+	}
+	return resp.Rcode
+}
+
+// TestAgentInFlightBudget: one agent's flood of slow names fills its own
+// share of the upstream's slots; the other agent's queries and the
+// gateway's own lookups go on.
+func TestAgentInFlightBudget(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{DNSQueriesPerSecond: -1}, func(s *Server) {
+		s.MaxInFlight, s.MaxInFlightPerAgent = 32, 8
+	})
+	var flood sync.WaitGroup
+	var servfail atomic.Int32
+	for i := range 40 {
+		flood.Add(1)
+		go func() {
+			defer flood.Done()
+			if w.ask(t, "127.0.0.1", fmt.Sprintf("n%d.slow.test", i)) == dns.RcodeServerFailure {
+				servfail.Add(1)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return w.slowAsk.Load() == 8 }, 5*time.Second, 10*time.Millisecond, "the hostile agent fills its share")
+	require.Eventually(t, func() bool { return servfail.Load() == 32 }, 5*time.Second, 10*time.Millisecond, "the rest of its flood is refused at once")
+
+	for i := range 10 {
+		assert.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.3", fmt.Sprintf("v%d.fast.test", i)), "the victim's uncached query")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	addrs, err := w.srv.LookupNetIP(ctx, "ip4", "gw.fast.test")
+	require.NoError(t, err, "the gateway's own lookup")
+	assert.Equal(t, []netip.Addr{netip.MustParseAddr("140.82.112.3")}, addrs)
+
+	rec := testkit.WaitRecord(t, w.log, func(r egresslog.Record) bool {
+		return r.Agent == "hostile" && r.Reason != "" && strings.Contains(r.Reason, ReasonAgentOverloaded)
+	})
+	assert.Equal(t, dns.RcodeServerFailure, rec.Status)
+	close(w.release)
+	flood.Wait()
+	assert.EqualValues(t, 8, w.slowAsk.Load(), "refused queries never went upstream")
+}
+
+// TestGatewayLookupsHonourTheirContext: the gateway's own lookup of a name
+// whose upstream stalls ends with its context.
+func TestGatewayLookupsHonourTheirContext(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := w.srv.LookupNetIP(ctx, "ip4", "stalled.slow.test")
+	require.Error(t, err)
+	assert.Less(t, time.Since(start), 2*time.Second, "the lookup waited past its context")
+}
+
+// TestDNSQueryRate: beyond its quota an agent is refused at once, with a
+// record saying so; the other agent is untouched.
+func TestDNSQueryRate(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{DNSQueriesPerSecond: 5}, nil) // bursts of 10
+	refused := 0
+	for i := range 30 {
+		if w.ask(t, "127.0.0.1", fmt.Sprintf("r%d.fast.test", i)) == dns.RcodeRefused {
+			refused++
+		}
+	}
+	assert.GreaterOrEqual(t, refused, 15, "the hostile agent's queries beyond its burst")
+	assert.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.3", "ok.fast.test"), "the victim has its own bucket")
+	rec := testkit.WaitRecord(t, w.log, func(r egresslog.Record) bool { return r.Reason == policy.ReasonQuotaDNS })
+	assert.Equal(t, "hostile", rec.Agent)
+	assert.False(t, rec.Allowed)
+}
