@@ -95,7 +95,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusForbidden, d.Reason)
 		return
 	}
-	release, why := p.acquire(agent)
+	release, why := p.acquire(agent, pol)
 	if why != "" {
 		refuse(http.StatusServiceUnavailable, why)
 		return

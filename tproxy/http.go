@@ -41,7 +41,7 @@ type httpConn struct {
 // server is done with it.
 func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 	p.httpOnce.Do(p.startHTTP)
-	pc := newPrefixConn(s.client, prefix)
+	pc := s.paced(newPrefixConn(s.client, prefix))
 	if !p.httpConns.push(&httpConn{prefixConn: pc, facts: connFacts{src: s.src, dst: s.dst}}) {
 		reset(s.client)
 		return
@@ -95,6 +95,17 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Agent = agent
+	if f.explicit {
+		// An explicit-proxy request (an upgrade too, which the handler
+		// holds) counts as a connection of its own: the connection it
+		// came on was never counted.
+		release, why := p.acquire(agent, pol)
+		if why != "" {
+			refuse(http.StatusServiceUnavailable, why)
+			return
+		}
+		defer release()
+	}
 	host, dst, err := httpTarget(r, f)
 	if err != nil {
 		refuse(http.StatusBadRequest, err.Error())

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -87,9 +88,12 @@ type Proxy struct {
 	// MaxHelloSize bounds the bytes read to find a whole ClientHello; zero
 	// means DefaultMaxHelloSize.
 	MaxHelloSize int
-	// MaxConns and MaxConnsPerAgent bound open connections; beyond them new
-	// connections are refused (reset) and recorded, and open ones go on.
-	// Zero means DefaultMaxConns and DefaultMaxConnsPerAgent.
+	// MaxConns and MaxConnsPerAgent bound open connections, and
+	// explicit-proxy requests in progress, which count as connections;
+	// beyond them new ones are refused and recorded, and open ones go on.
+	// Zero means DefaultMaxConns and DefaultMaxConnsPerAgent. An agent's
+	// rate of new connections and its bytes per second each way are its
+	// policy's quotas (policy.Quotas).
 	MaxConns, MaxConnsPerAgent int
 
 	initOnce sync.Once
@@ -98,7 +102,10 @@ type Proxy struct {
 	baseCtx   context.Context
 	cancelAll context.CancelFunc
 	open      atomic.Int64
-	perAgent  sync.Map // agent -> *atomic.Int64
+	perAgent  sync.Map     // agent -> *atomic.Int64
+	connRates budget.Rates // new connections per second, per agent
+	bytesUp   budget.Rates // bytes per second towards destinations, per agent
+	bytesDown budget.Rates // and back
 	relays    relaySet
 
 	httpOnce      sync.Once
@@ -143,11 +150,15 @@ func (p *Proxy) record(r egresslog.Record) {
 	}
 }
 
-// acquire reserves a connection slot for agent, or reports why not.
-func (p *Proxy) acquire(agent string) (release func(), reason string) {
+// acquire reserves a connection slot for agent, within its policy's rate
+// of new connections, or reports why not.
+func (p *Proxy) acquire(agent string, pol *policy.Policy) (release func(), reason string) {
+	if q := pol.Quotas().ConnectionsPerSecond; !p.connRates.Take(agent, 1, q, 2*q, time.Now()) {
+		return nil, policy.ReasonQuotaConnections
+	}
 	if p.open.Add(1) > int64(orDefault(p.MaxConns, DefaultMaxConns)) {
 		p.open.Add(-1)
-		return nil, "too many connections"
+		return nil, ReasonTooManyConns
 	}
 	v, ok := p.perAgent.Load(agent)
 	if !ok {
@@ -157,7 +168,7 @@ func (p *Proxy) acquire(agent string) (release func(), reason string) {
 	if n.Add(1) > int64(orDefault(p.MaxConnsPerAgent, DefaultMaxConnsPerAgent)) {
 		n.Add(-1)
 		p.open.Add(-1)
-		return nil, "too many connections for this agent"
+		return nil, ReasonAgentTooManyConns
 	}
 	return func() { n.Add(-1); p.open.Add(-1) }, ""
 }

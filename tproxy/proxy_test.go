@@ -247,7 +247,7 @@ func TestConnectionLimits(t *testing.T) {
 		_, err = second.Read(make([]byte, 1))
 		require.Error(t, err, "second connection over the limit was served")
 	}
-	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == "too many connections for this agent" })
+	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonAgentTooManyConns })
 	// The first goes on.
 	fmt.Fprintf(first, "still here\n")
 	got, _ := br.ReadString('\n')
@@ -282,6 +282,7 @@ type interceptor struct {
 	mu    sync.Mutex
 	hosts []string
 	first []byte
+	err   error // what Intercept returns
 }
 
 func (i *interceptor) Claims(_, host string) bool { return host == "api.test" }
@@ -294,7 +295,7 @@ func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ *
 	i.first = b
 	i.mu.Unlock()
 	c.Close()
-	return nil
+	return i.err
 }
 
 func TestInterceptorHandoff(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/budget"
 )
 
 // relay is one allowed connection being copied: the client (whatever
@@ -23,6 +24,9 @@ type relay struct {
 	spliced    bool                   // both ends are TCP and the OS splices
 	lastActive atomic.Int64           // unix nanoseconds of the last bytes copyTracked moved
 	why        atomic.Pointer[string] // why it was cut short, if it was
+	// paceUp and paceDown, when set, are told of the bytes moved each
+	// way and wait while the agent is over its byte quota.
+	paceUp, paceDown func(n int64)
 }
 
 func newRelay(client net.Conn, up *net.TCPConn) *relay {
@@ -30,6 +34,29 @@ func newRelay(client net.Conn, up *net.TCPConn) *relay {
 	r := &relay{client: client, up: up, spliced: clientTCP && canSplice}
 	r.lastActive.Store(time.Now().UnixNano())
 	return r
+}
+
+// pacer returns what holds an agent to a rate of bytes per second in one
+// direction, or nil for no limit: told of the bytes just moved, it sleeps
+// off the agent's debt (at most a second at a time, and not past the
+// proxy's shutdown). The copy loop stops meanwhile, and TCP's window
+// pushes back on the sender.
+func (p *Proxy) pacer(rates *budget.Rates, agent string, rate float64) func(n int64) {
+	if rate <= 0 {
+		return nil
+	}
+	return func(n int64) {
+		d := rates.Wait(agent, float64(n), rate, rate, time.Now())
+		if d <= 0 {
+			return
+		}
+		t := time.NewTimer(min(d, time.Second))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-p.closedCh:
+		}
+	}
 }
 
 // abort ends both directions at once with a reset, so that a reset on one
@@ -44,8 +71,9 @@ func (r *relay) abort(why string) {
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // copyTracked copies through user space, recording when bytes last moved,
-// for connections the kernel cannot splice.
-func (r *relay) copyTracked(dst, src net.Conn) (int64, error) {
+// for connections the kernel cannot splice; pace, if set, is told of the
+// bytes moved.
+func (r *relay) copyTracked(dst, src net.Conn, pace func(int64)) (int64, error) {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	var total int64
@@ -57,6 +85,9 @@ func (r *relay) copyTracked(dst, src net.Conn) (int64, error) {
 			total += int64(m)
 			if werr != nil {
 				return total, werr
+			}
+			if pace != nil {
+				pace(int64(m))
 			}
 		}
 		if rerr == io.EOF {
@@ -83,6 +114,9 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 		conn = s.p.Log.Begin(rec)
 	}
 	r := newRelay(s.client, up)
+	q := s.pol.Quotas()
+	r.paceUp = s.p.pacer(&s.p.bytesUp, s.agent, q.BytesPerSecondUp)
+	r.paceDown = s.p.pacer(&s.p.bytesDown, s.agent, q.BytesPerSecondDown)
 	s.p.relays.add(r)
 	defer s.p.relays.remove(r)
 
@@ -140,7 +174,7 @@ func (r *relay) run() (up, down int64, err error) {
 }
 
 func copyClientToUpstream(r *relay) (int64, error) {
-	n, err := r.copy(r.up, r.client)
+	n, err := r.copy(r.up, r.client, r.paceUp)
 	if err != nil {
 		r.abort("client->upstream: " + err.Error())
 		return n, fmt.Errorf("client->upstream: %w", err)
@@ -150,7 +184,7 @@ func copyClientToUpstream(r *relay) (int64, error) {
 }
 
 func copyUpstreamToClient(r *relay) (int64, error) {
-	n, err := r.copy(r.client, r.up)
+	n, err := r.copy(r.client, r.up, r.paceDown)
 	if err != nil {
 		r.abort("upstream->client: " + err.Error())
 		return n, fmt.Errorf("upstream->client: %w", err)
@@ -240,6 +274,8 @@ type prefixConn struct {
 	written atomic.Int64
 	closed  chan struct{}
 	once    sync.Once
+	// paceUp and paceDown hold the agent to its byte quotas, as a relay's.
+	paceUp, paceDown func(n int64)
 }
 
 var _ net.Conn = (*prefixConn)(nil)
@@ -257,12 +293,18 @@ func (c *prefixConn) Read(b []byte) (int, error) {
 		n, err = c.c.Read(b)
 	}
 	c.read.Add(int64(n))
+	if c.paceUp != nil && n > 0 {
+		c.paceUp(int64(n))
+	}
 	return n, err
 }
 
 func (c *prefixConn) Write(b []byte) (int, error) {
 	n, err := c.c.Write(b)
 	c.written.Add(int64(n))
+	if c.paceDown != nil && n > 0 {
+		c.paceDown(int64(n))
+	}
 	return n, err
 }
 

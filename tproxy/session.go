@@ -17,19 +17,22 @@ import (
 // Reasons recorded for connections refused before or outside a policy
 // decision.
 const (
-	ReasonUnknownSource  = "connection from an unknown source"
-	ReasonNotRedirected  = "connection was not redirected (no original destination)"
-	ReasonNoName         = "neither TLS nor HTTP, and the agent resolved no allowed name for this address"
-	ReasonNoSNI          = "TLS without a server name"
-	ReasonHelloTimeout   = "client sent nothing in time"
-	ReasonHelloTooBig    = "ClientHello larger than the limit"
-	ReasonClientClosed   = "client closed before sending anything"
-	ReasonShuttingDown   = "proxy is shutting down"
-	ReasonIdle           = "idle timeout"
-	ReasonClosed         = "closed"
-	ReasonIntercepted    = "intercepted"
-	ReasonServerFirst    = "server spoke first"
-	reasonUpstreamPrefix = "upstream: "
+	ReasonUnknownSource = "connection from an unknown source"
+	ReasonNotRedirected = "connection was not redirected (no original destination)"
+	ReasonNoName        = "neither TLS nor HTTP, and the agent resolved no allowed name for this address"
+	ReasonNoSNI         = "TLS without a server name"
+	ReasonHelloTimeout  = "client sent nothing in time"
+	ReasonHelloTooBig   = "ClientHello larger than the limit"
+	ReasonClientClosed  = "client closed before sending anything"
+	ReasonShuttingDown  = "proxy is shutting down"
+	ReasonIdle          = "idle timeout"
+	ReasonClosed        = "closed"
+	ReasonIntercepted   = "intercepted"
+	ReasonServerFirst   = "server spoke first"
+	// The gateway's bounds on open connections, in all and per agent.
+	ReasonTooManyConns      = "too many connections"
+	ReasonAgentTooManyConns = "too many connections for this agent"
+	reasonUpstreamPrefix    = "upstream: "
 )
 
 // target is where an allowed connection goes: a name resolved on the
@@ -121,7 +124,7 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 		return
 	}
 	rec.Agent = agent
-	release, why := p.acquire(agent)
+	release, why := p.acquire(agent, pol)
 	if why != "" {
 		rec.Reason = why
 		p.record(rec)
@@ -533,7 +536,7 @@ func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 // context carries the connection's ID, which links the records of the
 // requests inside to it.
 func (s *session) intercept(t target, hello []byte) {
-	c := newPrefixConn(s.client, hello)
+	c := s.paced(newPrefixConn(s.client, hello))
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, t.decision)
 	ctx := s.p.dialContext(s.ctx)
 	var conn *egresslog.Conn
@@ -543,15 +546,28 @@ func (s *session) intercept(t target, hello []byte) {
 	}
 	err := s.p.Interceptor.Intercept(ctx, c, s.agent, s.pol, t.host, t.port)
 	c.Close()
-	r.Reason = ReasonIntercepted
-	if err != nil {
+	var quota *policy.QuotaError
+	switch {
+	case errors.As(err, &quota):
+		r.Allowed, r.Reason = false, quota.Reason
+	case err != nil:
 		r.Reason = ReasonIntercepted + ": " + err.Error()
+	default:
+		r.Reason = ReasonIntercepted
 	}
 	r.BytesUp, r.BytesDown = c.read.Load(), c.written.Load()
 	r.Duration = time.Since(s.start)
 	if conn != nil {
 		conn.End(r)
 	}
+}
+
+// paced holds c to the agent's byte quotas.
+func (s *session) paced(c *prefixConn) *prefixConn {
+	q := s.pol.Quotas()
+	c.paceUp = s.p.pacer(&s.p.bytesUp, s.agent, q.BytesPerSecondUp)
+	c.paceDown = s.p.pacer(&s.p.bytesDown, s.agent, q.BytesPerSecondDown)
+	return c
 }
 
 // dialContext carries the proxy's Guard and Resolver, for the

@@ -14,11 +14,11 @@ const canSplice = true
 
 // copy moves bytes from src to dst until src's end of stream: spliced
 // when both ends are TCP, through user space otherwise.
-func (r *relay) copy(dst, src net.Conn) (int64, error) {
+func (r *relay) copy(dst, src net.Conn, pace func(int64)) (int64, error) {
 	if r.spliced {
-		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn))
+		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn), pace)
 	}
-	return r.copyTracked(dst, src)
+	return r.copyTracked(dst, src, pace)
 }
 
 // idle returns how long no byte has moved either way. Spliced bytes never
@@ -95,8 +95,9 @@ func (p *pipe) close() {
 
 // spliceCopy moves bytes from src to dst with splice(2) until src's end of
 // stream, returning the count. A pipe is taken from the pool when src has
-// bytes and returned, empty, before waiting for more.
-func spliceCopy(dst, src *net.TCPConn) (int64, error) {
+// bytes and returned, empty, before waiting for more. pace, if set, is
+// told of each pipe's worth moved.
+func spliceCopy(dst, src *net.TCPConn, pace func(int64)) (int64, error) {
 	srcRaw, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -139,6 +140,7 @@ func spliceCopy(dst, src *net.TCPConn) (int64, error) {
 			return total, err // inPipe == 0 and no error: end of stream
 		}
 		// Drain the pipe into dst.
+		moved := inPipe
 		for inPipe > 0 && err == nil {
 			var n int
 			werr := dstRaw.Write(func(fd uintptr) bool {
@@ -156,6 +158,9 @@ func spliceCopy(dst, src *net.TCPConn) (int64, error) {
 			return total, err
 		}
 		putPipe(p)
+		if pace != nil {
+			pace(int64(moved))
+		}
 	}
 }
 

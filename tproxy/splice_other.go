@@ -12,7 +12,9 @@ import (
 const canSplice = false
 
 // copy moves bytes from src to dst until src's end of stream.
-func (r *relay) copy(dst, src net.Conn) (int64, error) { return r.copyTracked(dst, src) }
+func (r *relay) copy(dst, src net.Conn, pace func(int64)) (int64, error) {
+	return r.copyTracked(dst, src, pace)
+}
 
 // idle returns how long no byte has moved either way.
 func (r *relay) idle() time.Duration { return r.sinceActive() }

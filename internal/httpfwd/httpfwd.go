@@ -6,12 +6,14 @@
 package httpfwd
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"net"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/agenthold/egress/netguard"
@@ -42,6 +44,13 @@ type Config struct {
 	// HTTP2 lets upstream TLS connections speak HTTP/2 when the server
 	// offers it.
 	HTTP2 bool
+	// MaxConnsPerHost bounds the connections to one host, idle or not;
+	// requests beyond wait for one. Zero means no bound.
+	MaxConnsPerHost int
+	// Admit, if set, is asked before each dial; an error refuses it, and
+	// release is called when the connection closes: a budget of
+	// connections across hosts.
+	Admit func() (release func(), err error)
 }
 
 // Transports are the upstream transports of one proxy: index 1 may dial
@@ -54,9 +63,12 @@ func NewTransports(cfg Config) *Transports {
 	var ts Transports
 	for i, allowPrivate := range []bool{false, true} {
 		dial := orDefault(cfg.DialTimeout, DefaultDialTimeout)
-		t := netguard.NewTransport(&netguard.Dialer{
-			Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial,
-		})
+		d := &netguard.Dialer{Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial}
+		t := netguard.NewTransport(d)
+		if cfg.Admit != nil {
+			t.DialContext = admitted(d.DialContext, cfg.Admit)
+		}
+		t.MaxConnsPerHost = cfg.MaxConnsPerHost
 		t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
 		t.TLSHandshakeTimeout = dial
 		t.ResponseHeaderTimeout = orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
@@ -66,6 +78,36 @@ func NewTransports(cfg Config) *Transports {
 		ts[i] = t
 	}
 	return &ts
+}
+
+// admitted asks admit before each dial, and releases when the connection
+// closes.
+func admitted(dial func(ctx context.Context, network, addr string) (net.Conn, error), admit func() (func(), error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		release, err := admit()
+		if err != nil {
+			return nil, err
+		}
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		return &releasingConn{Conn: c, release: release}, nil
+	}
+}
+
+// releasingConn calls release once, when it closes.
+type releasingConn struct {
+	net.Conn
+	release func()
+	once    sync.Once
+}
+
+func (c *releasingConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 // For returns the transport for a policy's private-network permission.
