@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
 	"github.com/agenthold/egress/internal/redact"
@@ -87,9 +88,64 @@ type Interceptor struct {
 	// and upstream dials; zero means DefaultTimeout.
 	Timeout time.Duration
 
+	// Bounds on what one agent may take (zero means the default): the
+	// concurrent streams of one intercepted HTTP/2 connection, the
+	// agent's upstream connections in all and to one host (pooled per
+	// agent, so that no agent's load reaches another's pool), and the rate
+	// at which its connections may make the CA mint leaves for new names.
+	MaxStreams               int
+	MaxUpstreamConnsPerAgent int
+	MaxUpstreamConnsPerHost  int
+	MintsPerSecond           float64
+
 	initOnce   sync.Once
-	transports *httpfwd.Transports
+	transports *httpfwd.Transports // for hooks (Client)
+	perAgent   sync.Map            // agent -> *httpfwd.Transports
+	upstream   budget.Counter      // upstream connections, per agent
+	mints      budget.Rates        // leaves minted, per agent
 	proxy      *httputil.ReverseProxy
+}
+
+// Defaults for an Interceptor's zero bounds.
+const (
+	DefaultMaxStreams               = 32
+	DefaultMaxUpstreamConnsPerAgent = 64
+	DefaultMaxUpstreamConnsPerHost  = 8
+	DefaultMintsPerSecond           = 5
+)
+
+// ReasonUpstreamConns is recorded when an agent's requests would open
+// more upstream connections than its bound.
+const ReasonUpstreamConns = "too many upstream connections for this agent"
+
+var errUpstreamConns = errors.New(ReasonUpstreamConns)
+
+// transportsFor is an agent's own pool of upstream connections.
+func (i *Interceptor) transportsFor(agent string) *httpfwd.Transports {
+	if ts, ok := i.perAgent.Load(agent); ok {
+		return ts.(*httpfwd.Transports)
+	}
+	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
+	ts := httpfwd.NewTransports(httpfwd.Config{
+		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs,
+		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
+		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
+		Admit: func() (func(), error) {
+			if !i.upstream.Acquire(agent, perAgent, 0) {
+				return nil, errUpstreamConns
+			}
+			return func() { i.upstream.Release(agent) }, nil
+		},
+	})
+	actual, _ := i.perAgent.LoadOrStore(agent, ts)
+	return actual.(*httpfwd.Transports)
+}
+
+func orDefault[T int | float64](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // Claims reports whether the interceptor takes TLS to host for agent.
@@ -136,6 +192,10 @@ func (i *Interceptor) CloseIdleConnections() {
 	if i.transports != nil {
 		i.transports.CloseIdleConnections()
 	}
+	i.perAgent.Range(func(_, ts any) bool {
+		ts.(*httpfwd.Transports).CloseIdleConnections()
+		return true
+	})
 }
 
 // connInfo is what Intercept knows of a connection, for each request.
@@ -155,7 +215,7 @@ type connInfoKey struct{}
 func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, pol *policy.Policy, host string, port uint16) error {
 	i.init()
 	tlsConn := tls.Server(conn, &tls.Config{
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.Leaves.Get(host) },
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.leafFor(agent, host) },
 		NextProtos:     []string{"h2", "http/1.1"},
 		MinVersion:     tls.VersionTLS12,
 	})
@@ -187,6 +247,7 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 		ReadHeaderTimeout: i.timeout(),
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: orDefault(i.MaxStreams, DefaultMaxStreams)},
 		ErrorLog:          log.New(io.Discard, "", 0),
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context {
@@ -208,6 +269,19 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 	srv.Close()
 	tlsConn.Close()
 	return nil
+}
+
+// leafFor is host's leaf, minted for this agent only within its rate:
+// each new name costs the gateway a key and a signature.
+func (i *Interceptor) leafFor(agent, host string) (*tls.Certificate, error) {
+	if cert := i.Leaves.cached(host, time.Now()); cert != nil {
+		return cert, nil
+	}
+	rate := orDefault(i.MintsPerSecond, DefaultMintsPerSecond)
+	if !i.mints.Take(agent, 1, rate, 4*rate, time.Now()) {
+		return nil, &policy.QuotaError{Reason: policy.ReasonQuotaMints}
+	}
+	return i.Leaves.Get(host)
 }
 
 // activeRequests counts a connection's requests in progress under the
@@ -336,6 +410,8 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Allowed, rec.Reason = false, st.injectErr.Error()
 	case st.injectErr != nil:
 		rec.Allowed, rec.Reason = false, ReasonInjectFailed
+	case st.upstreamErr == ReasonUpstreamConns: // a bound the agent met, not a failure
+		rec.Allowed, rec.Reason = false, ReasonUpstreamConns
 	case st.upstreamErr != "":
 		rec.Allowed = !st.refused
 		rec.Reason = reasonUpstreamError + st.upstreamErr
@@ -394,7 +470,7 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	if st.injectErr != nil {
 		return nil, errInjectFailed
 	}
-	return rt.i.transports.For(st.allowPrivate).RoundTrip(r)
+	return rt.i.transportsFor(st.info.agent).For(st.allowPrivate).RoundTrip(r)
 }
 
 var (
@@ -414,6 +490,10 @@ func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err 
 	case errors.Is(err, errInjectFailed):
 		st.upstreamErr = ReasonInjectFailed
 		http.Error(w, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
+		return
+	case errors.Is(err, errUpstreamConns):
+		st.upstreamErr = ReasonUpstreamConns
+		http.Error(w, "egress: "+ReasonUpstreamConns, http.StatusServiceUnavailable)
 		return
 	case errors.Is(err, errRedactFailed):
 		st.upstreamErr = err.Error()

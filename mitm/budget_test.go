@@ -1,0 +1,161 @@
+package mitm
+
+import (
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
+	"github.com/agenthold/egress/policy"
+)
+
+// gauge counts what is in progress and remembers the most at once.
+type gauge struct{ now, peak atomic.Int32 }
+
+func (g *gauge) in() {
+	n := g.now.Add(1)
+	for p := g.peak.Load(); n > p && !g.peak.CompareAndSwap(p, n); p = g.peak.Load() {
+	}
+}
+
+func (g *gauge) out() { g.now.Add(-1) }
+
+// TestStreamsPerConnectionBounded: an intercepted HTTP/2 connection
+// advertises at most MaxStreams concurrent streams, and a client that
+// opens more anyway has the extra ones refused.
+func TestStreamsPerConnectionBounded(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxStreams = 4
+	release := make(chan struct{})
+	defer close(release)
+	var handlers gauge
+	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		handlers.in()
+		defer handlers.out()
+		<-release
+	})
+	raw, err := net.Dial("tcp", r.addr)
+	require.NoError(t, err)
+	defer raw.Close()
+	c := tls.Client(raw, &tls.Config{ServerName: "api.test", RootCAs: rootPool(r.ca), NextProtos: []string{"h2"}})
+	require.NoError(t, c.Handshake())
+	require.Equal(t, "h2", c.ConnectionState().NegotiatedProtocol)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.WriteString(c, http2.ClientPreface)
+	require.NoError(t, err)
+	fr := http2.NewFramer(c, c)
+	require.NoError(t, fr.WriteSettings())
+
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	for id := uint32(1); id <= 11; id += 2 { // six streams
+		hbuf.Reset()
+		for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", "api.test"}, {":path", "/hold"}} {
+			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hbuf.Bytes(), EndStream: true, EndHeaders: true}))
+	}
+	advertised := uint32(0)
+	refused := map[uint32]bool{}
+	for len(refused) < 2 {
+		f, err := fr.ReadFrame()
+		require.NoError(t, err)
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok {
+				advertised = v
+			}
+		case *http2.RSTStreamFrame:
+			refused[f.StreamID] = true
+		}
+	}
+	assert.EqualValues(t, 4, advertised, "the streams advertised")
+	assert.Equal(t, map[uint32]bool{9: true, 11: true}, refused, "the streams beyond the bound are refused")
+	require.Eventually(t, func() bool { return handlers.now.Load() == 4 }, 5*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 4, handlers.peak.Load(), "requests in flight upstream from one connection")
+}
+
+// TestUpstreamConnectionsBounded: an agent's requests reuse a bounded pool
+// of upstream connections per host; beyond the agent's total, requests
+// that would need another connection are refused.
+func TestUpstreamConnectionsBounded(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxUpstreamConnsPerHost = 2
+	var held gauge
+	var mu sync.Mutex
+	conns := map[string]bool{} // upstream connections seen, by the gateway's address
+	release := make(chan struct{})
+	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		conns[req.RemoteAddr] = true
+		mu.Unlock()
+		held.in()
+		defer held.out()
+		<-release
+	})
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := r.client(r.addr, false) // a connection of its own to the gateway
+			if resp, err := c.Get("https://api.test/hold"); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	require.Eventually(t, func() bool { return held.now.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the others would have arrived by now: they wait for a connection
+	assert.EqualValues(t, 2, held.now.Load())
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	assert.Len(t, conns, 2, "upstream connections to one host, for one agent: the 12 requests reused them")
+	mu.Unlock()
+
+	// The agent's total across hosts.
+	r.ic.CloseIdleConnections()
+	require.Eventually(t, func() bool { n, _ := r.ic.upstream.Count("a1"); return n == 0 }, 5*time.Second, 10*time.Millisecond)
+	for range 64 {
+		require.True(t, r.ic.upstream.Acquire("a1", 0, 0)) // the agent's budget, used up elsewhere
+	}
+	resp, body := r.get(r.client(r.addr, false), "https://api.test/", nil)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+	assert.Contains(t, body, ReasonUpstreamConns)
+	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == ReasonUpstreamConns })
+	assert.False(t, rec.Allowed, "a request refused for the agent's bound is a denial")
+}
+
+// TestMintRate: an agent that names new hosts faster than its minting rate
+// is refused leaves beyond its burst; cached leaves are always served.
+func TestMintRate(t *testing.T) {
+	r := newRig(t)
+	r.ic.MintsPerSecond = 2 // bursts of 8
+	minted := 0
+	for i := range 30 {
+		if _, err := r.ic.leafFor("a1", fmt.Sprintf("h%d.example.com", i)); err == nil {
+			minted++
+		} else {
+			assert.EqualError(t, err, policy.ReasonQuotaMints)
+		}
+	}
+	assert.Equal(t, 8, minted)
+	_, err := r.ic.leafFor("a1", "h0.example.com")
+	assert.NoError(t, err, "a cached leaf costs nothing")
+	_, err = r.ic.leafFor("a2", "fresh.example.com")
+	assert.NoError(t, err, "another agent has its own rate")
+}
