@@ -79,7 +79,10 @@ func TestGatewayHelper(t *testing.T) {
 	sink, err := egresslog.OpenJSONFile(cfg.Records)
 	require.NoError(t, err)
 	elog := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
-	rules, err := nftrules.GatewayRules{Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort}}.Apply()
+	rules, err := nftrules.GatewayRules{
+		Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort},
+		AgentPools: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("198.18.3.0/24"), netip.MustParsePrefix("fd00:1::/64")},
+	}.Apply()
 	require.NoError(t, err)
 	defer rules.Close()
 	dnsSrv := &dnsfilter.Server{Agents: agentFunc, Upstreams: []string{cfg.Upstream}, Guard: guard, Log: elog}
@@ -251,6 +254,32 @@ func TestGatewayInNamespaces(t *testing.T) {
 		w.waitRecord(func(r egresslog.Record) bool { return r.Host == real })
 		data, _ := os.ReadFile(w.records)
 		require.NotContains(t, string(data), spoofed, "a query from a spoofed agent address was served")
+	})
+	step(t, "the uplink side reaches neither the DNS nor the proxies", func() {
+		outsider := fmt.Sprintf("outsider-%d.wild.test", time.Now().UnixNano())
+		w.sendDNSTo(w.in, "198.18.2.1", fmt.Sprintf("198.18.2.2:%d", gwDNSPort), outsider)
+		for _, port := range []int{gwDNSPort, gwProxyPort, gwExplicitPort} {
+			c, err := dialIn(w.in, fmt.Sprintf("198.18.2.2:%d", port), time.Second)
+			if err == nil {
+				c.Close()
+			}
+			assert.Error(t, err, "the uplink side connected to gateway port %d", port)
+		}
+		// A packet from an agent's address arrives only on the agent's
+		// link: from the uplink it reaches not even a port the rules
+		// leave open, while the same packet from the uplink's own
+		// address does.
+		probe := w.listenUDPInGateway(gwClosedPort)
+		require.NoError(t, w.in.IP("addr", "add", "198.18.1.10/32", "dev", "lo"))
+		w.sendUDP(w.in, "198.18.1.10", fmt.Sprintf("198.18.2.2:%d", gwClosedPort), "spoofed")
+		w.sendUDP(w.in, "198.18.2.1", fmt.Sprintf("198.18.2.2:%d", gwClosedPort), "plain")
+		require.NoError(t, w.in.IP("addr", "del", "198.18.1.10/32", "dev", "lo"))
+		assert.Equal(t, []string{"plain"}, probe(), "what reached the gateway from the uplink side")
+		marker := fmt.Sprintf("after-%d.wild.test", time.Now().UnixNano())
+		w.sendDNS(w.sb, "198.18.1.10", marker)
+		w.waitRecord(func(r egresslog.Record) bool { return r.Host == marker })
+		data, _ := os.ReadFile(w.records)
+		assert.NotContains(t, string(data), outsider, "a query from the uplink side was served")
 	})
 	step(t, "killed gateway leaves no network", func() {
 		w.gateway.Process.Kill()
@@ -474,6 +503,17 @@ func (w *nsWorld) tryDialFromSandbox(addr string, timeout time.Duration) (net.Co
 	return c, err
 }
 
+// dialIn dials TCP addr from inside ns.
+func dialIn(ns *netns.NS, addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr, timeout)
+		return err
+	})
+	return c, err
+}
+
 func (w *nsWorld) dialFromSandbox(addr string) net.Conn {
 	w.t.Helper()
 	c, err := w.tryDialFromSandbox(addr, 5*time.Second)
@@ -517,19 +557,53 @@ func (w *nsWorld) lookupInSandbox(name string) netip.Addr {
 // sendDNS sends one DNS query for name from src, inside ns, to the
 // gateway's address on the first sandbox's link.
 func (w *nsWorld) sendDNS(ns *netns.NS, src, name string) {
+	w.sendDNSTo(ns, src, "198.18.1.2:53", name)
+}
+
+// sendDNSTo sends one DNS query for name from src, inside ns, to dst.
+func (w *nsWorld) sendDNSTo(ns *netns.NS, src, dst, name string) {
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
 	packet, _ := m.Pack()
+	w.sendUDP(ns, src, dst, string(packet))
+}
+
+// sendUDP sends one datagram from src, inside ns, to dst.
+func (w *nsWorld) sendUDP(ns *netns.NS, src, dst, payload string) {
 	err := ns.Do(func() error {
-		c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.ParseIP(src)}, &net.UDPAddr{IP: net.ParseIP("198.18.1.2"), Port: 53})
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: net.ParseIP(src)}, net.UDPAddrFromAddrPort(netip.MustParseAddrPort(dst)))
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		_, err = c.Write(packet)
+		_, err = c.Write([]byte(payload))
 		return err
 	})
 	require.NoError(w.t, err)
+}
+
+// listenUDPInGateway listens on a UDP port in the gateway namespace and
+// returns a function that, after a second, returns what arrived.
+func (w *nsWorld) listenUDPInGateway(port int) func() []string {
+	var pc net.PacketConn
+	require.NoError(w.t, w.gw.Do(func() error {
+		var err error
+		pc, err = net.ListenPacket("udp", fmt.Sprintf(":%d", port))
+		return err
+	}))
+	return func() []string {
+		defer pc.Close()
+		var got []string
+		buf := make([]byte, 1500)
+		pc.SetReadDeadline(time.Now().Add(time.Second))
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return got
+			}
+			got = append(got, string(buf[:n]))
+		}
+	}
 }
 
 // udpGetsThrough sends UDP from the sandbox to the internet namespace and

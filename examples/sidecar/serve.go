@@ -213,31 +213,51 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
 
-	addr := func(port uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(port))) }
-	pc, err := net.ListenPacket("udp", addr(p.dns))
-	if err != nil {
-		return sc, err
-	}
-	ln, err := net.Listen("tcp", addr(p.dns))
-	if err != nil {
-		pc.Close()
-		return sc, err
-	}
-	sc.servers.Go("dns", func() error { return sc.dns.Serve(pc, ln) }, dnsfilter.ErrServerClosed)
-	for _, port := range []uint16{p.http, p.tls, p.other} {
-		ln, err := tproxy.Listen("tcp", addr(port))
+	// The DNS and proxy ports listen on loopback only: the rules redirect
+	// the Pod's own traffic there, and nothing outside the Pod reaches
+	// them. The health port listens on every address, for the kubelet.
+	for _, host := range loopbacks(logger) {
+		addr := func(port uint16) string { return net.JoinHostPort(host, strconv.Itoa(int(port))) }
+		pc, err := net.ListenPacket("udp", addr(p.dns))
 		if err != nil {
 			return sc, err
 		}
-		count := new(atomic.Int64)
-		sc.accepted[port] = count
-		sc.servers.Go(fmt.Sprintf("proxy port %d", port), func() error { return sc.proxy.Serve(&countingListener{Listener: ln, n: count}) }, tproxy.ErrServerClosed)
+		ln, err := net.Listen("tcp", addr(p.dns))
+		if err != nil {
+			pc.Close()
+			return sc, err
+		}
+		sc.servers.Go("dns "+host, func() error { return sc.dns.Serve(pc, ln) }, dnsfilter.ErrServerClosed)
+		for _, port := range []uint16{p.http, p.tls, p.other} {
+			ln, err := tproxy.Listen("tcp", addr(port))
+			if err != nil {
+				return sc, err
+			}
+			count := sc.accepted[port]
+			if count == nil {
+				count = new(atomic.Int64)
+				sc.accepted[port] = count
+			}
+			sc.servers.Go(fmt.Sprintf("proxy %s", addr(port)), func() error { return sc.proxy.Serve(&countingListener{Listener: ln, n: count}) }, tproxy.ErrServerClosed)
+		}
 	}
-	if sc.health, err = sc.serveHealth(addr(p.health), ca); err != nil {
+	if sc.health, err = sc.serveHealth(net.JoinHostPort("::", strconv.Itoa(int(p.health))), ca); err != nil {
 		return sc, err
 	}
 	logger.Info("sidecar serving", "policy", policyPath, "credentials", n, "dns", p.dns, "http", p.http, "tls", p.tls, "other", p.other, "health", p.health)
 	return sc, nil
+}
+
+// loopbacks are the loopback addresses to listen on: 127.0.0.1, and ::1
+// unless the Pod has no IPv6 (then it has no IPv6 traffic to redirect).
+func loopbacks(logger *slog.Logger) []string {
+	ln, err := net.ListenPacket("udp", "[::1]:0")
+	if err != nil {
+		logger.Warn("no IPv6 loopback; serving IPv4 only", "err", err)
+		return []string{"127.0.0.1"}
+	}
+	ln.Close()
+	return []string{"127.0.0.1", "::1"}
 }
 
 // stop drains and removes the credentials file: the sandbox is released.

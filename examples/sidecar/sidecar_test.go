@@ -246,6 +246,26 @@ func TestPodInNamespaces(t *testing.T) {
 		require.Contains(t, out, "egress denied", "uid %d was not redirected and denied", uid)
 	}
 
+	step("the DNS and proxy ports answer the Pod only")
+	err = p.in.Do(func() error {
+		m := new(dns.Msg)
+		m.SetQuestion("api.test.", dns.TypeA)
+		for _, network := range []string{"udp", "tcp"} {
+			c := &dns.Client{Net: network, Timeout: time.Second}
+			_, _, err := c.Exchange(m, "198.18.0.2:15053")
+			assert.Error(t, err, "a %s query from outside the Pod was answered", network)
+		}
+		for _, port := range []string{"15001", "15002", "15003"} {
+			c, err := net.DialTimeout("tcp", "198.18.0.2:"+port, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			assert.Error(t, err, "port %s accepted a connection from outside the Pod", port)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+
 	step("the health port is never judged or logged as a denial")
 	out, err = p.in.Run(context.Background(), "curl", "-sS", "--max-time", "5", "http://198.18.0.2:15004/healthz")
 	require.NoError(t, err, "probe from outside: %q", out)

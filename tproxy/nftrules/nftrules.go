@@ -33,12 +33,17 @@ type GatewayRules struct {
 	// be added later with Rules.AddInterface.
 	Interfaces []string
 	Sources    []netip.Prefix
+	// AgentPools are the addresses agents are given: a packet from one
+	// that arrives other than on an agent interface (from the uplink,
+	// say) is dropped, so nothing outside can speak as an agent.
+	AgentPools []netip.Prefix
 	// DNSPort is where DNS (UDP and TCP 53, to any address) goes.
 	DNSPort uint16
 	// ProxyPort is where TCP to other hosts goes.
 	ProxyPort uint16
 	// OpenPorts are the gateway's TCP ports agents may connect to directly
-	// (the explicit proxy port, a tunnel port).
+	// (the explicit proxy port, a tunnel port). Like the DNS and proxy
+	// ports, they answer agents (and loopback) only.
 	OpenPorts []uint16
 	// NoNetwork drops everything from agents, DNS included: sandboxes
 	// have no network at all. The ports are then not needed.
@@ -182,22 +187,13 @@ func (g GatewayRules) build(r *Rules) error {
 	if err := c.AddSet(r.ifaces, elems); err != nil {
 		return fmt.Errorf("nftrules: interface set: %w", err)
 	}
-	src4 := &nftables.Set{Table: t, Name: "agent_src4", KeyType: nftables.TypeIPAddr, Interval: true}
-	src6 := &nftables.Set{Table: t, Name: "agent_src6", KeyType: nftables.TypeIP6Addr, Interval: true}
-	var v4, v6 []nftables.SetElement
-	for _, p := range g.Sources {
-		p = p.Masked()
-		if p.Addr().Is4() {
-			v4 = append(v4, prefixElements(p)...)
-		} else {
-			v6 = append(v6, prefixElements(p)...)
-		}
+	src4, src6, err := addPrefixSets(c, t, "agent_src", g.Sources)
+	if err != nil {
+		return err
 	}
-	if err := c.AddSet(src4, v4); err != nil {
-		return fmt.Errorf("nftrules: source set: %w", err)
-	}
-	if err := c.AddSet(src6, v6); err != nil {
-		return fmt.Errorf("nftrules: source set: %w", err)
+	pool4, pool6, err := addPrefixSets(c, t, "agent_pool", g.AgentPools)
+	if err != nil {
+		return err
 	}
 
 	agentNAT := c.AddChain(&nftables.Chain{Name: chainAgentNAT, Table: t})
@@ -222,6 +218,16 @@ func (g GatewayRules) build(r *Rules) error {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
 		drop(),
 	}})
+	// And an agent's address arrives only on an agent interface (or on
+	// loopback, when the host speaks to its own end of an agent's link).
+	c.AddRule(&nftables.Rule{Table: t, Chain: spoof, Exprs: loopbackIn()})
+	for _, m := range [][]expr.Any{
+		append(nfproto(unix.NFPROTO_IPV4), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, lookup(pool4)),
+		append(nfproto(unix.NFPROTO_IPV6), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16}, lookup(pool6)),
+	} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: spoof, Exprs: append(m,
+			&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, notLookup(r.ifaces), drop())})
+	}
 
 	// Which traffic is an agent's: by interface or by source.
 	fromAgent := [][]expr.Any{
@@ -236,6 +242,16 @@ func (g GatewayRules) build(r *Rules) error {
 	}
 	// Nothing is forwarded to agents either.
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, lookup(r.ifaces), drop()}})
+	// The gateway's own ports answer agents only (and the host itself, on
+	// loopback): nothing on the uplink side can resolve or connect through
+	// the gateway.
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: loopbackIn()})
+	if !g.NoNetwork {
+		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(l4(unix.IPPROTO_UDP, g.DNSPort), drop())})
+		for _, p := range append([]uint16{g.DNSPort, g.ProxyPort}, g.OpenPorts...) {
+			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(l4(unix.IPPROTO_TCP, p), drop())})
+		}
+	}
 
 	if g.NoNetwork {
 		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: []expr.Any{drop()}})
@@ -376,6 +392,43 @@ func prefixElements(p netip.Prefix) []nftables.SetElement {
 		elems = append(elems, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
 	}
 	return elems
+}
+
+// addPrefixSets adds two interval sets, name+"4" and name+"6", holding the
+// IPv4 and the IPv6 prefixes.
+func addPrefixSets(c *nftables.Conn, t *nftables.Table, name string, prefixes []netip.Prefix) (v4set, v6set *nftables.Set, err error) {
+	v4set = &nftables.Set{Table: t, Name: name + "4", KeyType: nftables.TypeIPAddr, Interval: true}
+	v6set = &nftables.Set{Table: t, Name: name + "6", KeyType: nftables.TypeIP6Addr, Interval: true}
+	var v4, v6 []nftables.SetElement
+	for _, p := range prefixes {
+		p = p.Masked()
+		if p.Addr().Is4() {
+			v4 = append(v4, prefixElements(p)...)
+		} else {
+			v6 = append(v6, prefixElements(p)...)
+		}
+	}
+	if err := c.AddSet(v4set, v4); err != nil {
+		return nil, nil, fmt.Errorf("nftrules: set %s: %w", v4set.Name, err)
+	}
+	if err := c.AddSet(v6set, v6); err != nil {
+		return nil, nil, fmt.Errorf("nftrules: set %s: %w", v6set.Name, err)
+	}
+	return v4set, v6set, nil
+}
+
+// loopbackIn accepts what arrives on loopback.
+func loopbackIn() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	}
+}
+
+// notLookup matches what register 1 holds when it is not in s.
+func notLookup(s *nftables.Set) expr.Any {
+	return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: true}
 }
 
 func lookup(s *nftables.Set) expr.Any {

@@ -29,6 +29,7 @@ var testGateway = GatewayRules{
 	Table:      "egress_test",
 	Interfaces: []string{"veth-agent1", "veth-agent2"},
 	Sources:    []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("fd00:1::/64")},
+	AgentPools: []netip.Prefix{netip.MustParsePrefix("198.18.64.0/18"), netip.MustParsePrefix("fd00:64::/48")},
 	DNSPort:    15053,
 	ProxyPort:  15001,
 	OpenPorts:  []uint16{15002, 2222},
