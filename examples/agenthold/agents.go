@@ -24,9 +24,19 @@ import (
 
 // PolicySpec is an agent's network policy as admins set it.
 type PolicySpec struct {
-	Mode                 string   `json:"mode"` // open (default) or allowlist
-	Allow                []string `json:"allow,omitempty"`
-	AllowPrivateNetworks bool     `json:"allow_private_networks,omitempty"`
+	Mode                 string    `json:"mode"` // open (default) or allowlist
+	Allow                []string  `json:"allow,omitempty"`
+	AllowPrivateNetworks bool      `json:"allow_private_networks,omitempty"`
+	Quotas               QuotaSpec `json:"quotas,omitzero"`
+}
+
+// QuotaSpec is an agent's share of the gateway (policy.Quotas): zero
+// means the default, -1 no limit.
+type QuotaSpec struct {
+	ConnectionsPerSecond float64 `json:"connections_per_second,omitempty"`
+	DNSQueriesPerSecond  float64 `json:"dns_queries_per_second,omitempty"`
+	BytesPerSecondUp     float64 `json:"bytes_per_second_up,omitempty"`
+	BytesPerSecondDown   float64 `json:"bytes_per_second_down,omitempty"`
 }
 
 // compile turns the spec into a policy; an empty mode is open, as the
@@ -40,7 +50,7 @@ func (p PolicySpec) compile() (*policy.Policy, error) {
 		}
 		mode = m
 	}
-	return policy.New(policy.Config{Mode: mode, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks})
+	return policy.New(policy.Config{Mode: mode, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Quotas: policy.Quotas(p.Quotas)})
 }
 
 // AgentSpec is what agenthold keeps of an agent.

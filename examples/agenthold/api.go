@@ -14,7 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/mitm"
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/tproxy"
 	"github.com/agenthold/egress/vault"
 )
 
@@ -367,6 +371,14 @@ func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprintf(w, "agenthold_egress_denied_total{agent=%s,reason=%s} %d\n", label(a), label(r), stats[a].DeniedByReason[r])
 		}
 	}
+	family("agenthold_egress_quota_exceeded_total", "counter", "Requests refused because the agent exceeded a quota or a bound of the gateway, by which.")
+	for _, a := range agents {
+		for _, r := range countedReasons() {
+			if n := stats[a].DeniedByReason[r]; n > 0 {
+				fmt.Fprintf(w, "agenthold_egress_quota_exceeded_total{agent=%s,quota=%s} %d\n", label(a), label(strings.TrimPrefix(r, policy.ReasonQuotaPrefix)), n)
+			}
+		}
+	}
 	family("agenthold_egress_injected_total", "counter", "Requests that carried an injected secret.")
 	for _, a := range agents {
 		fmt.Fprintf(w, "agenthold_egress_injected_total{agent=%s} %d\n", label(a), stats[a].Injected)
@@ -381,6 +393,16 @@ func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	dropped, failed := s.elog.SinkStats()
 	family("agenthold_egress_log_sink_dropped_total", "counter", "Records the log sinks missed.")
 	fmt.Fprintf(w, "agenthold_egress_log_sink_dropped_total %d\n", dropped+failed)
+}
+
+// countedReasons are the denials an agent causes by exceeding its quotas
+// or the gateway's bounds: always counted, however many other reasons
+// the agent provokes, and exported as their own family.
+func countedReasons() []string {
+	return append(policy.QuotaReasons(),
+		tproxy.ReasonAgentTooManyConns, tproxy.ReasonTooManyConns,
+		dnsfilter.ReasonAgentOverloaded, dnsfilter.ReasonOverloaded, dnsfilter.ReasonGatewayBusy,
+		mitm.ReasonUpstreamConns)
 }
 
 // label quotes a Prometheus label value.

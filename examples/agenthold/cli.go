@@ -22,6 +22,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/vault"
 )
 
@@ -35,7 +36,7 @@ func init() {
 			help: "Run the gateway (root). See agenthold.example.yaml for the configuration."},
 		{name: "demo", synopsis: "[--keep | --down]", run: cmdDemo,
 			help: "Build a world in namespaces and show the gateway at work.\n--keep leaves it running (make dev) until --down."},
-		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [--netns PATH] [--uid N --gid N]", run: cmdAgentCreate,
+		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS] [--netns PATH] [--uid N --gid N]", run: cmdAgentCreate,
 			help: "Create an agent: a network namespace wired to the gateway, and a policy.\n" +
 				"--netns adopts an existing namespace (a container's) instead of creating one.\n" +
 				"exec runs its commands as --uid/--gid, by default sandbox.uid_base plus its network index.\n" +
@@ -46,7 +47,7 @@ func init() {
 			help: "Delete an agent: its network, its home and its attachments."},
 		{name: "policy show", synopsis: "AGENT", run: cmdPolicyShow,
 			help: "Print an agent's policy."},
-		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private]", run: cmdPolicySet,
+		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS]", run: cmdPolicySet,
 			help: "Replace an agent's policy; the next connection and DNS query use it.\n" +
 				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22"},
 		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... --header NAME [--template T] [--path P]... [--mode M] [--replace-in P]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
@@ -200,7 +201,14 @@ func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
 	var allow stringList
 	fs.Var(&allow, "allow", "an allow entry (repeatable): github.com, *.npmjs.org, github.com:22, 203.0.113.0/24:443, *")
 	private := fs.Bool("allow-private", false, "allow private networks (RFC 1918, ULA, CGNAT)")
-	return func() PolicySpec { return PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private} }
+	var q QuotaSpec
+	fs.Float64Var(&q.ConnectionsPerSecond, "connections-per-second", 0, fmt.Sprintf("new connections a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultConnectionsPerSecond))
+	fs.Float64Var(&q.DNSQueriesPerSecond, "dns-queries-per-second", 0, fmt.Sprintf("DNS queries a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultDNSQueriesPerSecond))
+	fs.Float64Var(&q.BytesPerSecondUp, "bytes-per-second-up", 0, "bytes a second towards destinations (0: no limit)")
+	fs.Float64Var(&q.BytesPerSecondDown, "bytes-per-second-down", 0, "bytes a second back from destinations (0: no limit)")
+	return func() PolicySpec {
+		return PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private, Quotas: q}
+	}
 }
 
 func cmdAgentCreate(env *cliEnv, fs *flag.FlagSet, args []string) error {
@@ -294,6 +302,18 @@ func policyText(p PolicySpec) string {
 	}
 	if p.AllowPrivateNetworks {
 		s += " +private"
+	}
+	q := p.Quotas
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"connections/s", q.ConnectionsPerSecond}, {"dns/s", q.DNSQueriesPerSecond},
+		{"bytes-up/s", q.BytesPerSecondUp}, {"bytes-down/s", q.BytesPerSecondDown},
+	} {
+		if f.v != 0 {
+			s += fmt.Sprintf(" %s=%g", f.name, f.v)
+		}
 	}
 	return s
 }

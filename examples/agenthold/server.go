@@ -87,7 +87,7 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	if err := s.openGuard(); err != nil {
 		return s, err
 	}
-	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep}
+	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep, CountedReasons: countedReasons()}
 	if cfg.Egress.LogFile != "" {
 		sink, err := egresslog.OpenJSONFile(cfg.Egress.LogFile)
 		if err != nil {
@@ -254,6 +254,7 @@ func (s *server) startDataPlane() error {
 	s.rules, err = nftrules.GatewayRules{
 		Table: tableName(s.cfg.DataDir), DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
 		OpenPorts: s.cfg.openPorts(), NoNetwork: s.cfg.Egress.Disabled,
+		AgentPools: []netip.Prefix{s.pool4, s.pool6},
 	}.Apply()
 	if err != nil {
 		return fmt.Errorf("nftables (agenthold needs CAP_NET_ADMIN): %w", err)
