@@ -128,9 +128,10 @@ func TestAgentInFlightBudget(t *testing.T) {
 	assert.Equal(t, []netip.Addr{netip.MustParseAddr("140.82.112.3")}, addrs)
 
 	rec := testkit.WaitRecord(t, w.log, func(r egresslog.Record) bool {
-		return r.Agent == "hostile" && r.Reason != "" && strings.Contains(r.Reason, ReasonAgentOverloaded)
+		return r.Agent == "hostile" && r.Reason == ReasonAgentOverloaded
 	})
 	assert.Equal(t, dns.RcodeServerFailure, rec.Status)
+	assert.False(t, rec.Allowed, "a query refused for the agent's budget is a denial")
 	close(w.release)
 	flood.Wait()
 	assert.EqualValues(t, 8, w.slowAsk.Load(), "refused queries never went upstream")

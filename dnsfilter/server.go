@@ -178,7 +178,10 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		d.ReadTimeout = 5 * time.Second
 		d.WriteTimeout = 5 * time.Second
 		d.IdleTimeout = func() time.Duration { return 10 * time.Second }
-		d.UDPSize = dns.MaxMsgSize
+		// Queries are small (a question and an OPT record); each query
+		// in flight holds a buffer this size, so a flood of them must
+		// not cost the largest message each.
+		d.UDPSize = upstreamUDPSize
 		return d
 	}
 	if pc != nil {
@@ -373,7 +376,13 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 
 	do := opt != nil && opt.Do()
 	up, age, err := s.resolve(context.Background(), agent, req, q, do)
-	if err != nil {
+	var busy overBudget
+	switch {
+	case errors.As(err, &busy): // a bound this agent met: a refusal, not a failure
+		resp.Rcode = dns.RcodeServerFailure
+		rec.Allowed, rec.Reason = false, string(busy)
+		return resp, rec
+	case err != nil:
 		resp.Rcode = dns.RcodeServerFailure
 		rec.Reason = "upstream failed: " + err.Error()
 		return resp, rec
@@ -422,14 +431,14 @@ func (s *Server) resolve(ctx context.Context, agent string, req *dns.Msg, q dns.
 	}
 	if agent == "" {
 		if !s.gateway.Acquire("", 0, cmp(s.GatewayInFlight, DefaultGatewayInFlight)) {
-			return nil, 0, errors.New(ReasonGatewayBusy)
+			return nil, 0, overBudget(ReasonGatewayBusy)
 		}
 		defer s.gateway.Release("")
 	} else if !s.inFlight.Acquire(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)) {
 		if n, _ := s.inFlight.Count(agent); n >= cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent) {
-			return nil, 0, errors.New(ReasonAgentOverloaded)
+			return nil, 0, overBudget(ReasonAgentOverloaded)
 		}
-		return nil, 0, errors.New(ReasonOverloaded)
+		return nil, 0, overBudget(ReasonOverloaded)
 	} else {
 		defer s.inFlight.Release(agent)
 	}
@@ -455,6 +464,12 @@ func (s *Server) resolve(ctx context.Context, agent string, req *dns.Msg, q dns.
 		return nil, 0, ctx.Err()
 	}
 }
+
+// overBudget is resolve's refusal when a budget of in-flight queries is
+// spent; it is the reason.
+type overBudget string
+
+func (e overBudget) Error() string { return string(e) }
 
 // blocked sets rcode and, when the client speaks EDNS0, an Extended DNS
 // Error "Blocked" (RFC 8914) saying why.
