@@ -21,10 +21,12 @@ build:
 demo: deps build
 	./$(BIN) demo
 
-# Every test: the unit and kernel tests, then the end-to-end check
-# against a dev stack.
+# Every test: the unit and kernel tests; the noisy-neighbour load test,
+# without the race detector, whose figures it reports; then the
+# end-to-end check against a dev stack.
 test: deps
 	$(GO) test -race -timeout 30m ./...
+	$(GO) test -count=1 -timeout 5m -run '^TestNoisyNeighbour$$' -v ./examples/agenthold
 	$(MAKE) e2e
 
 # The seed's milestone check: start the dev stack, check it, stop it.

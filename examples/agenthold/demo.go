@@ -121,7 +121,7 @@ func buildWorld() (w *world, err error) {
 			return w, err
 		}
 	}
-	step("the fake internet: DNS for its names, an LLM API that streams, a git server that checks a token, a registry, plain HTTP, an SSH banner, an echo service")
+	step("the fake internet: DNS for its names, an LLM API that streams, a git server that checks a token, a registry, plain HTTP, an SSH banner, an echo service, a slow service")
 	if w.internet, err = startInternet(w.inet, dir); err != nil {
 		return w, err
 	}

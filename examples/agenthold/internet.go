@@ -42,7 +42,17 @@ var fakeHosts = map[string]string{
 	"ssh.example.net.":    "198.18.10.5",
 	"evil.example.org.":   "198.18.10.6",
 	"echo.example.com.":   "198.18.10.7",
+	"slow.example.com.":   "198.18.10.8",
 }
+
+// slowZone is a domain whose authoritative server takes slowDNSDelay to
+// answer (NXDOMAIN) any name: what a hostile agent would run to hold a
+// resolver's queries open.
+const (
+	slowZone     = ".slow.example.net."
+	slowDNSDelay = 1500 * time.Millisecond
+	slowHTTP     = 2 * time.Second // slow.example.com's time to answer
+)
 
 // internet is the fake internet: a namespace with an authoritative DNS
 // server and the services, served by this process.
@@ -93,6 +103,7 @@ func startInternet(ns *netns.NS, dir string) (*internet, error) {
 			{"198.18.10.3:443", "registry.npmjs.org", http.HandlerFunc(fakeRegistry)},
 			{"198.18.10.6:443", "evil.example.org", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "you reached evil.example.org") })},
 			{"198.18.10.7:443", "echo.example.com", http.HandlerFunc(fakeEcho)},
+			{"198.18.10.8:443", "slow.example.com", http.HandlerFunc(fakeSlow)},
 		}
 		for _, s := range services {
 			ln, err := net.Listen("tcp", s.addr)
@@ -106,15 +117,20 @@ func startInternet(ns *netns.NS, dir string) (*internet, error) {
 			in.closers = append(in.closers, srv)
 			in.services[s.name] = srv
 		}
-		plain, err := net.Listen("tcp", "198.18.10.4:80")
-		if err != nil {
-			return err
+		for addr, h := range map[string]http.HandlerFunc{
+			"198.18.10.4:80": func(w http.ResponseWriter, r *http.Request) {
+				fmt.Fprintf(w, "Example Domain, served over plain HTTP to %s\n", r.Host)
+			},
+			"198.18.10.8:80": fakeSlow,
+		} {
+			plain, err := net.Listen("tcp", addr)
+			if err != nil {
+				return err
+			}
+			srv := &http.Server{Handler: h, ErrorLog: log.New(io.Discard, "", 0)}
+			go srv.Serve(plain)
+			in.closers = append(in.closers, srv)
 		}
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "Example Domain, served over plain HTTP to %s\n", r.Host)
-		})}
-		go srv.Serve(plain)
-		in.closers = append(in.closers, srv)
 		banner, err := net.Listen("tcp", "198.18.10.5:22")
 		if err != nil {
 			return err
@@ -149,13 +165,17 @@ func (in *internet) close() {
 	}
 }
 
-// serveDNS answers for the fake names, and NXDOMAIN for the rest.
+// serveDNS answers for the fake names, and NXDOMAIN for the rest (slowly,
+// under slowZone).
 func (in *internet) serveDNS() error {
 	handler := dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg)
 		m.SetReply(r)
 		m.Authoritative = true
 		q := r.Question[0]
+		if strings.HasSuffix(strings.ToLower(q.Name), slowZone) {
+			time.Sleep(slowDNSDelay)
+		}
 		addr, ok := fakeHosts[strings.ToLower(q.Name)]
 		if !ok {
 			m.Rcode = dns.RcodeNameError
@@ -289,5 +309,14 @@ func fakeEcho(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(k); v != "" {
 			fmt.Fprintf(w, "%s: %s\n", k, v)
 		}
+	}
+}
+
+// fakeSlow takes slowHTTP to answer, or until the client gives up.
+func fakeSlow(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-time.After(slowHTTP):
+		fmt.Fprintln(w, "slow answer")
+	case <-r.Context().Done():
 	}
 }
