@@ -27,26 +27,31 @@ const (
 // could hold a secret's value: Secret is the secret's name, and Path never
 // includes the query string, where a credential may have been placed.
 type Record struct {
-	Seq       uint64         // order across all agents, set by Log.Record
-	Time      time.Time      // when it started; zero means now
-	Agent     string         // who
-	Kind      Kind           // what
-	Host      string         // the name (or address) the decision was made on
-	Port      uint16         // destination port
-	Addr      netip.AddrPort // the address actually dialled, if any
-	Method    string         // HTTP method, or DNS query type ("A", "TXT")
-	Path      string         // HTTP path, without the query string
-	Status    int            // HTTP status, or DNS rcode
-	Answers   int            // DNS answers returned to the agent
-	Allowed   bool           // false: denied
-	Report    bool           // allowed only because the policy is in report mode
-	Reason    string         // why it was allowed or denied, or how it ended
-	Rule      string         // the policy entry or injection rule that matched
-	Secret    string         // the name of the secret injected, if any
-	BytesUp   int64          // bytes from the agent towards the destination
-	BytesDown int64          // bytes from the destination back to the agent
-	Duration  time.Duration  // how long it lasted
-	Open      bool           // the connection is still open (see Log.OpenConns)
+	Seq   uint64         // order across all agents, set by Log.Record
+	Time  time.Time      // when it started; zero means now
+	Agent string         // who
+	Kind  Kind           // what
+	Host  string         // the name (or address) the decision was made on
+	Port  uint16         // destination port
+	Addr  netip.AddrPort // the address actually dialled, if any
+	// Target is where an explicit-proxy client asked to go (a CONNECT
+	// target, "host:port" as sent), when the decision may have been made
+	// on another name: a TLS server name or Host inside a tunnel to an
+	// address.
+	Target    string
+	Method    string        // HTTP method, or DNS query type ("A", "TXT")
+	Path      string        // HTTP path, without the query string
+	Status    int           // HTTP status, or DNS rcode
+	Answers   int           // DNS answers returned to the agent
+	Allowed   bool          // false: denied
+	Report    bool          // allowed only because the policy is in report mode
+	Reason    string        // why it was allowed or denied, or how it ended
+	Rule      string        // the policy entry or injection rule that matched
+	Secret    string        // the name of the secret injected, if any
+	BytesUp   int64         // bytes from the agent towards the destination
+	BytesDown int64         // bytes from the destination back to the agent
+	Duration  time.Duration // how long it lasted
+	Open      bool          // the connection is still open (see Log.OpenConns)
 	// ConnID identifies a connection record (set by Log.Begin), and, on an
 	// HTTP record, the recorded connection that carried the request (an
 	// intercepted TLS connection, a CONNECT tunnel): the request's bytes
@@ -66,6 +71,7 @@ const (
 	FieldHost      = "host"
 	FieldPort      = "port"
 	FieldAddr      = "addr" // "ip:port"
+	FieldTarget    = "target"
 	FieldMethod    = "method"
 	FieldPath      = "path"
 	FieldStatus    = "status"
@@ -103,6 +109,7 @@ func (r *Record) sanitize() {
 	}
 	r.Agent = truncate(escapeControls(r.Agent), MaxAgentLen)
 	r.Host = truncate(escapeControls(r.Host), MaxHostLen)
+	r.Target = truncate(escapeControls(r.Target), MaxHostLen+6)
 	r.Method = truncate(escapeControls(r.Method), MaxMethodLen)
 	r.Path = truncate(escapeControls(r.Path), MaxPathLen)
 	r.Reason = truncate(escapeControls(r.Reason), MaxReasonLen)
@@ -160,6 +167,7 @@ func (r *Record) AppendJSON(b []byte) []byte {
 		b = r.Addr.AppendTo(b)
 		b = append(b, '"')
 	}
+	b = appendString(b, FieldTarget, r.Target, false)
 	b = appendString(b, FieldMethod, r.Method, false)
 	b = appendString(b, FieldPath, r.Path, false)
 	b = appendInt(b, FieldStatus, int64(r.Status))
@@ -270,6 +278,7 @@ type jsonRecord struct {
 	Host      string   `json:"host"`
 	Port      uint16   `json:"port"`
 	Addr      string   `json:"addr"`
+	Target    string   `json:"target"`
 	Method    string   `json:"method"`
 	Path      string   `json:"path"`
 	Status    int      `json:"status"`
@@ -301,7 +310,7 @@ func ParseJSON(line []byte) (Record, error) {
 		return Record{}, fmt.Errorf("egresslog: parse record: %w", err)
 	}
 	r := Record{
-		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port,
+		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port, Target: j.Target,
 		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
 		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret,
 		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Open: j.Open, ConnID: j.ConnID,

@@ -39,6 +39,11 @@ var goldenRecords = map[string]Record{
 		Host: "weird\\host\n\t\x01", Port: 8443, Allowed: true, Report: true, Reason: "line\u2028sep\u2029 ünïcode",
 		Open: true,
 	},
+	"connect_to_address": {
+		Seq: 5, Time: time.Date(2026, 11, 29, 8, 0, 4, 0, time.UTC), Agent: "agent-1", Kind: KindConnect,
+		Host: "api.github.com", Port: 443, Addr: netip.MustParseAddrPort("140.82.112.6:443"), Target: "140.82.112.5:443",
+		Allowed: true, Reason: "allowed by rule", Rule: "*.github.com", ConnID: 7,
+	},
 }
 
 // TestGoldenJSON pins the JSON form: fields, names and escaping. Run with

@@ -2,21 +2,45 @@ package tproxy
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
 )
+
+// Reasons the explicit proxy gives.
+const (
+	ReasonBadCredentials = "malformed Proxy-Authorization"
+	ReasonTargetMismatch = "the name inside the tunnel is not the CONNECT target"
+)
+
+// Credentials are what a request to the explicit proxy says of who sent
+// it, for Proxy.Identify.
+type Credentials struct {
+	Src netip.Addr // the connection's source address
+	// User and Token come from Proxy-Authorization: "Basic" user:token,
+	// or "Bearer" token (User empty). Both are empty without the header.
+	User, Token string
+	// PeerCertificates is the client's certificate chain, when the
+	// explicit proxy listens with TLS and the client presented one.
+	PeerCertificates []*x509.Certificate
+}
 
 // ServeExplicit serves the explicit proxy (the HTTPS_PROXY and HTTP_PROXY
 // target) on ln: HTTP CONNECT tunnels, and absolute-form plain HTTP
 // requests, with the same decisions, dial path and records as the
-// transparent proxy. It returns ErrServerClosed after Shutdown or Close.
+// transparent proxy. ln may be a TLS listener (crypto/tls.NewListener):
+// the client's certificate then reaches Identify. It returns
+// ErrServerClosed after Shutdown or Close.
 func (p *Proxy) ServeExplicit(ln net.Listener) error {
 	p.init()
 	p.httpOnce.Do(p.startHTTP)
@@ -45,73 +69,161 @@ func (p *Proxy) serveExplicit(w http.ResponseWriter, r *http.Request) {
 	case r.URL.IsAbs():
 		p.serveHTTP(w, r)
 	default:
-		http.Error(w, "this is an egress proxy: send CONNECT or an absolute http:// URL", http.StatusBadRequest)
+		answer{status: http.StatusBadRequest, errType: "http_request_error", refused: true,
+			why: "this is an egress proxy: send CONNECT or an absolute http:// URL"}.write(w)
 	}
 }
 
-// serveConnect judges a CONNECT target, then runs the tunnel as a session:
-// what flows inside is judged again like a transparent connection (TLS by
-// its server name, HTTP by each Host), with the CONNECT host as the name
-// for other TCP.
+// identify names the agent behind an explicit-proxy request: by Identify,
+// from its credentials, or else by its source address.
+func (p *Proxy) identify(r *http.Request, src netip.Addr) (string, *policy.Policy, *answer) {
+	if p.Identify == nil {
+		agent, pol, ok := p.lookupAgent(src)
+		if !ok {
+			return "", nil, &answer{status: http.StatusForbidden, errType: "http_request_denied", why: ReasonUnknownSource, refused: true}
+		}
+		return agent, pol, nil
+	}
+	creds := Credentials{Src: src}
+	if r.TLS != nil {
+		creds.PeerCertificates = r.TLS.PeerCertificates
+	}
+	var ok bool
+	if creds.User, creds.Token, ok = proxyAuthorization(r.Header.Get("Proxy-Authorization")); !ok {
+		return "", nil, &answer{status: http.StatusProxyAuthRequired, errType: "http_request_denied", why: ReasonBadCredentials, refused: true, challenge: true}
+	}
+	agent, pol, err := p.Identify(creds)
+	if err != nil {
+		return "", nil, &answer{status: http.StatusProxyAuthRequired, errType: "http_request_denied", why: err.Error(), refused: true, challenge: true}
+	}
+	return agent, pol, nil
+}
+
+// proxyAuthorization parses a Proxy-Authorization value: Basic user:token
+// or Bearer token. An empty value is no credentials; anything else that
+// does not parse is not ok.
+func proxyAuthorization(v string) (user, token string, ok bool) {
+	if v == "" {
+		return "", "", true
+	}
+	scheme, rest, _ := strings.Cut(v, " ")
+	rest = strings.TrimSpace(rest)
+	switch {
+	case strings.EqualFold(scheme, "Basic"):
+		raw, err := base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return "", "", false
+		}
+		user, token, ok = strings.Cut(string(raw), ":")
+		return user, token, ok && token != ""
+	case strings.EqualFold(scheme, "Bearer"):
+		return "", rest, rest != ""
+	}
+	return "", "", false
+}
+
+// serveConnect answers a CONNECT only once it knows the answer: it judges
+// the target, checks it against the guard, and dials it, and says 200 with
+// the upstream connection in hand, or why not (403, 502, 504, with a
+// Proxy-Status field). The tunnel then runs as a session: inside a tunnel
+// to a name, a TLS server name or HTTP Host must be that name; inside a
+// tunnel to an address, they are judged as on a transparent connection.
 func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
-	rec := egresslog.Record{Time: start, Kind: egresslog.KindConnect, Host: r.Host}
-	refuse := func(status int, why string) {
-		rec.Reason, rec.Status, rec.Duration = why, status, time.Since(start)
+	rec := egresslog.Record{Time: start, Kind: egresslog.KindConnect, Host: r.Host, Target: r.Host}
+	refuse := func(a answer) {
+		rec.Reason, rec.Status, rec.Duration = a.why, a.status, time.Since(start)
+		rec.Allowed = false
 		p.record(rec)
-		http.Error(w, "egress denied: "+why, status)
+		a.write(w)
 	}
 	host, portText, err := net.SplitHostPort(r.Host)
 	port, perr := strconv.ParseUint(portText, 10, 16)
 	if err != nil || perr != nil || port == 0 {
-		refuse(http.StatusBadRequest, "CONNECT needs host:port")
+		refuse(answer{status: http.StatusBadRequest, errType: "http_request_error", why: "CONNECT needs host:port", refused: true})
 		return
 	}
 	rec.Host, rec.Port = host, uint16(port)
-	agent, pol, ok := p.lookupAgent(f.src.Addr())
-	if !ok {
-		refuse(http.StatusForbidden, ReasonUnknownSource)
+	agent, pol, refusal := p.identify(r, f.src.Addr())
+	if refusal != nil {
+		refuse(*refusal)
 		return
 	}
 	rec.Agent = agent
-	dst := netip.AddrPortFrom(netip.Addr{}, uint16(port))
-	var names []string
+
+	s := &session{p: p, client: nil, agent: agent, pol: pol, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
+	var t target
+	var d policy.Decision
 	switch a, err := netguard.ParseLiteral(host); {
 	case err == nil:
-		dst = netip.AddrPortFrom(a.Unmap(), uint16(port))
+		// An address: refused at once if the guard refuses it; otherwise
+		// dialled now if the policy allows the address itself, and judged
+		// by what flows inside if not.
+		s.dst = netip.AddrPortFrom(a.Unmap(), uint16(port))
+		if err := p.Guard.Check(s.dst.Addr(), pol.AllowPrivateNetworks()); err != nil {
+			refuse(dialAnswer(err))
+			return
+		}
+		t, d = decideAddr(pol, s.dst.Addr(), s.dst.Port())
 	case errors.Is(err, netguard.ErrNotLiteral):
-		names = []string{host}
-	default:
-		refuse(http.StatusBadRequest, err.Error())
-		return
-	}
-	name := ""
-	if len(names) > 0 {
-		name = names[0]
-	}
-	if _, d := decide(pol, name, dst); !d.Allowed {
+		s.dst = netip.AddrPortFrom(netip.Addr{}, uint16(port))
+		t, d = decideName(pol, host, uint16(port))
 		rec.Rule = d.Rule
-		refuse(http.StatusForbidden, d.Reason)
+		if !d.Allowed {
+			refuse(denied(http.StatusForbidden, d.Reason))
+			return
+		}
+		rec.Host = t.host
+		s.connectName = t.host
+		s.names = []string{t.host}
+	default:
+		refuse(answer{status: http.StatusBadRequest, errType: "http_request_error", why: err.Error(), refused: true})
 		return
 	}
 	release, why := p.acquire(agent, pol)
 	if why != "" {
-		refuse(http.StatusServiceUnavailable, why)
+		refuse(budgetAnswer(why))
 		return
 	}
 	defer release()
+
+	var up *net.TCPConn
+	intercepted := s.connectName != "" && p.Interceptor != nil && p.Interceptor.Claims(agent, s.connectName)
+	switch {
+	case intercepted:
+		// The Interceptor dials on its own; the name must resolve to an
+		// address the guard permits.
+		if err := p.checkName(r.Context(), pol, s.connectName); err != nil {
+			refuse(dialAnswer(err))
+			return
+		}
+	case d.Allowed:
+		if up, err = p.dial(p.dialContext(r.Context()), pol, t); err != nil {
+			refuse(dialAnswer(err))
+			return
+		}
+	}
 	if !p.beginSession() {
-		refuse(http.StatusServiceUnavailable, ReasonShuttingDown)
+		if up != nil {
+			up.Close()
+		}
+		refuse(budgetAnswer(ReasonShuttingDown))
 		return
 	}
 	defer p.sessionsWG.Done()
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		refuse(http.StatusInternalServerError, "cannot take over the connection: "+err.Error())
+		if up != nil {
+			up.Close()
+		}
+		refuse(answer{status: http.StatusInternalServerError, errType: "proxy_internal_error", why: "cannot take over the connection: " + err.Error()})
 		return
 	}
 	if _, err := conn.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
+		if up != nil {
+			up.Close()
+		}
 		rec.Reason, rec.Duration = "client: "+err.Error(), time.Since(start)
 		p.record(rec)
 		conn.Close()
@@ -120,6 +232,41 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
 	ctx, cancel := context.WithCancel(p.baseCtx)
 	defer cancel()
-	s := &session{p: p, ctx: ctx, client: conn, agent: agent, pol: pol, src: f.src, dst: dst, names: names, kind: egresslog.KindConnect, start: start}
+	s.ctx, s.client = ctx, conn
+	switch {
+	case up != nil:
+		s.predial = &predial{target: t, conn: up}
+	case d.Allowed:
+		s.predial = &predial{target: t} // intercepted: dialled only for other TCP
+	}
 	s.run(buffered)
+}
+
+// checkName resolves name as a dial would, and fails as the dial would
+// if no address it resolves to may be dialled.
+func (p *Proxy) checkName(ctx context.Context, pol *policy.Policy, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, orDefault(p.DialTimeout, DefaultDialTimeout))
+	defer cancel()
+	var r netguard.Resolver = net.DefaultResolver
+	if p.Resolver != nil {
+		r = p.Resolver
+	}
+	addrs, err := r.LookupNetIP(ctx, "ip", name)
+	if err != nil {
+		return err
+	}
+	var first error
+	for _, a := range addrs {
+		err := p.Guard.Check(a, pol.AllowPrivateNetworks())
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = &net.DNSError{Err: "no address", Name: name, IsNotFound: true}
+	}
+	return first
 }

@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
 	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
 )
 
 // connFacts are what the proxy knows of a connection whose HTTP requests
@@ -26,6 +28,13 @@ type connFacts struct {
 	src      netip.AddrPort
 	dst      netip.AddrPort // the original destination (transparent, CONNECT)
 	explicit bool           // a connection to the explicit proxy port itself
+	// For a connection a session handed over: its agent, and, inside a
+	// CONNECT tunnel, the target as asked and the name every Host must be
+	// when the target was a name.
+	agent         string
+	pol           *policy.Policy
+	connectTarget string
+	tunnelName    string
 }
 
 type factsKey struct{}
@@ -42,7 +51,8 @@ type httpConn struct {
 func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 	p.httpOnce.Do(p.startHTTP)
 	pc := s.paced(newPrefixConn(s.client, prefix))
-	if !p.httpConns.push(&httpConn{prefixConn: pc, facts: connFacts{src: s.src, dst: s.dst}}) {
+	facts := connFacts{src: s.src, dst: s.dst, agent: s.agent, pol: s.pol, connectTarget: s.connectTarget, tunnelName: s.connectName}
+	if !p.httpConns.push(&httpConn{prefixConn: pc, facts: facts}) {
 		reset(s.client)
 		return
 	}
@@ -83,15 +93,21 @@ func (p *Proxy) newHTTPServer(h http.Handler, connContext func(context.Context, 
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
-	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path}
-	refuse := func(status int, why string) {
-		rec.Reason, rec.Status, rec.Duration = why, status, time.Since(start)
+	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget}
+	refuse := func(a answer) {
+		rec.Allowed, rec.Reason, rec.Status, rec.Duration = false, a.why, a.status, time.Since(start)
 		p.record(rec)
-		http.Error(w, "egress denied: "+why, status)
+		a.write(w)
 	}
-	agent, pol, ok := p.lookupAgent(f.src.Addr())
-	if !ok {
-		refuse(http.StatusForbidden, ReasonUnknownSource)
+	agent, pol := f.agent, f.pol
+	if f.explicit {
+		var refusal *answer
+		if agent, pol, refusal = p.identify(r, f.src.Addr()); refusal != nil {
+			refuse(*refusal)
+			return
+		}
+	} else if pol == nil {
+		refuse(denied(http.StatusForbidden, ReasonUnknownSource))
 		return
 	}
 	rec.Agent = agent
@@ -101,21 +117,27 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// came on was never counted.
 		release, why := p.acquire(agent, pol)
 		if why != "" {
-			refuse(http.StatusServiceUnavailable, why)
+			refuse(budgetAnswer(why))
 			return
 		}
 		defer release()
 	}
 	host, dst, err := httpTarget(r, f)
 	if err != nil {
-		refuse(http.StatusBadRequest, err.Error())
+		refuse(answer{status: http.StatusBadRequest, errType: "http_request_error", why: err.Error(), refused: true})
 		return
 	}
 	rec.Host, rec.Port = host, dst.Port()
+	if f.tunnelName != "" {
+		if name, err := hostname.Normalize(host); err != nil || name != f.tunnelName {
+			refuse(denied(http.StatusForbidden, ReasonTargetMismatch))
+			return
+		}
+	}
 	t, d := decide(pol, host, dst)
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
 	if !d.Allowed {
-		refuse(http.StatusForbidden, d.Reason)
+		refuse(denied(http.StatusForbidden, d.Reason))
 		return
 	}
 	cw := &httpmeter.Writer{ResponseWriter: w}
@@ -133,9 +155,11 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		ErrorLog:      log.New(io.Discard, "", 0),
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			f := httpfwd.Describe(err)
-			rec.Reason = reasonUpstreamPrefix + f.Why
+			a := dialAnswer(err)
+			a.why = reasonUpstreamPrefix + f.Why
+			rec.Reason = a.why
 			rec.Allowed = !f.Refused
-			http.Error(w, "egress: upstream "+t.label()+": "+f.Why, http.StatusBadGateway)
+			a.write(w)
 		},
 	}
 	rp.ServeHTTP(cw, r)

@@ -64,6 +64,13 @@ type Proxy struct {
 	Guard *netguard.Guard
 	// Resolver resolves names on the gateway; nil means net.DefaultResolver.
 	Resolver netguard.Resolver
+	// Identify, if set, names the agent behind each explicit-proxy request
+	// (CONNECT or absolute-form) from its Credentials: its
+	// Proxy-Authorization, its TLS client certificate, or its source
+	// address. An error refuses the request with 407 and the error as the
+	// reason; compare tokens in constant time. Nil means Agents, by source
+	// address.
+	Identify func(Credentials) (agent string, pol *policy.Policy, err error)
 	// Interceptor, if set, takes over TLS to the hosts it claims. Its
 	// context carries the proxy's Guard and Resolver (netguard.WithGuard,
 	// WithResolver), which an interceptor without its own dials through.

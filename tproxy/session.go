@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -109,6 +110,20 @@ type session struct {
 	names  []string       // names to judge other TCP by
 	kind   egresslog.Kind // KindConnect for tunnels; otherwise set by protocol
 	start  time.Time
+	// For a CONNECT tunnel: the target as the client asked, the name it
+	// judged when the target is a name (what flows inside must name the
+	// same), and the target dialled before the tunnel was answered.
+	connectTarget string
+	connectName   string
+	predial       *predial
+}
+
+// predial is a CONNECT target judged before the tunnel was answered, and
+// its connection when it was dialled then (not for a host the Interceptor
+// claims, which dials on its own).
+type predial struct {
+	target target
+	conn   *net.TCPConn
 }
 
 // serveTransparent identifies, bounds and runs one redirected connection.
@@ -224,11 +239,12 @@ type speculation struct {
 	upc    <-chan readResult // its pending first read, nil once stopped
 	err    error             // the dial's error
 	early  bool              // the dial was started before the client spoke
+	lazy   bool              // dial only once the client has spoken
 }
 
 // start dials the target in the background, while the client is silent.
 func (sp *speculation) start() {
-	if !sp.ok {
+	if !sp.ok || sp.early || sp.lazy {
 		return
 	}
 	s := sp.s
@@ -307,7 +323,15 @@ func (sp *speculation) discard() {
 // target, so that a server that speaks first can.
 func (s *session) run(buffered []byte) {
 	sp := speculation{s: s}
-	sp.target, sp.ok = s.speculative()
+	switch {
+	case s.predial != nil && s.predial.conn != nil:
+		sp.target, sp.ok, sp.early = s.predial.target, true, true
+		sp.dialled(dialResult{conn: s.predial.conn})
+	case s.predial != nil:
+		sp.target, sp.ok, sp.lazy = s.predial.target, true, true
+	default:
+		sp.target, sp.ok = s.speculative()
+	}
 	defer sp.discard()
 
 	buf := make([]byte, len(buffered), max(4096, len(buffered)))
@@ -444,7 +468,19 @@ func (s *session) serveTLS(buf []byte, sp *speculation) {
 		s.denyTLS(target{}, policy.Decision{Reason: err.Error()})
 		return
 	}
-	t, d := decide(s.pol, hello.serverName, s.dst)
+	var t target
+	var d policy.Decision
+	switch {
+	case s.connectName != "":
+		// A tunnel to a name carries TLS for that name, or none.
+		if name, err := hostname.Normalize(hello.serverName); hello.serverName != "" && (err != nil || name != s.connectName) {
+			s.denyTLS(target{host: hello.serverName, port: s.dst.Port()}, policy.Decision{Reason: ReasonTargetMismatch})
+			return
+		}
+		t, d = sp.target, sp.target.decision
+	default:
+		t, d = decide(s.pol, hello.serverName, s.dst)
+	}
 	if !d.Allowed {
 		if hello.serverName == "" && d.Reason == policy.ReasonNoRule {
 			d.Reason = ReasonNoSNI
@@ -489,7 +525,7 @@ func (s *session) baseRecord(kind egresslog.Kind, t target, d policy.Decision) e
 		}
 	}
 	return egresslog.Record{
-		Time: s.start, Agent: s.agent, Kind: kind, Host: host, Port: s.dst.Port(),
+		Time: s.start, Agent: s.agent, Kind: kind, Host: host, Port: s.dst.Port(), Target: s.connectTarget,
 		Allowed: d.Allowed, Report: d.Report, Reason: d.Reason, Rule: d.Rule,
 	}
 }

@@ -1,0 +1,97 @@
+package tproxy
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+
+	"github.com/agenthold/egress/netguard"
+)
+
+// ProxyStatusName identifies this proxy in the Proxy-Status header field
+// (RFC 9209) of the explicit proxy's refusals and errors.
+const ProxyStatusName = "egress"
+
+// answer is how the explicit proxy tells a client it did not get what it
+// asked for: an HTTP status, an RFC 9209 error type, and the reason.
+type answer struct {
+	status  int
+	errType string // RFC 9209 proxy error type
+	why     string
+	refused bool // a refusal (policy, guard, budget), not a failure
+	// challenge asks for credentials (407): Proxy-Authenticate.
+	challenge bool
+}
+
+// denied is a refusal by the policy or the gateway's rules.
+func denied(status int, why string) answer {
+	return answer{status: status, errType: "http_request_denied", why: why, refused: true}
+}
+
+// write sends the answer: the status, a Proxy-Status field, and the
+// reason in the body.
+func (a answer) write(w http.ResponseWriter) {
+	w.Header().Set("Proxy-Status", proxyStatus(a.errType, a.why))
+	if a.challenge {
+		w.Header().Set("Proxy-Authenticate", `Basic realm="`+ProxyStatusName+`"`)
+	}
+	prefix := "egress denied: "
+	if !a.refused {
+		prefix = "egress: "
+	}
+	http.Error(w, prefix+a.why, a.status)
+}
+
+// proxyStatus is a Proxy-Status field value: this proxy, the error type,
+// and details as a structured-field string (RFC 8941: printable ASCII,
+// with quotes and backslashes escaped; anything else becomes '?').
+func proxyStatus(errType, details string) string {
+	var b strings.Builder
+	b.WriteString(ProxyStatusName + "; error=" + errType + `; details="`)
+	for i := 0; i < len(details) && i < 512; i++ {
+		switch c := details[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// dialAnswer says why an upstream dial failed, for the client: a refused
+// address is 403, a name that does not resolve or a connection refused is
+// 502, a timeout 504.
+func dialAnswer(err error) answer {
+	why := reasonUpstreamPrefix + err.Error()
+	var dnsErr *net.DNSError
+	switch {
+	case errors.Is(err, netguard.ErrDenied):
+		return answer{status: http.StatusForbidden, errType: "destination_ip_prohibited", why: why, refused: true}
+	case errors.As(err, &dnsErr) && dnsErr.IsTimeout:
+		return answer{status: http.StatusGatewayTimeout, errType: "dns_timeout", why: why}
+	case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
+		return answer{status: http.StatusBadGateway, errType: "destination_not_found", why: why}
+	case errors.As(err, &dnsErr):
+		return answer{status: http.StatusBadGateway, errType: "dns_error", why: why}
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return answer{status: http.StatusBadGateway, errType: "connection_refused", why: why}
+	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH):
+		return answer{status: http.StatusBadGateway, errType: "destination_ip_unroutable", why: why}
+	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		return answer{status: http.StatusGatewayTimeout, errType: "connection_timeout", why: why}
+	}
+	return answer{status: http.StatusBadGateway, errType: "destination_unavailable", why: why}
+}
+
+// budgetAnswer is the answer to a request refused for a budget or quota.
+func budgetAnswer(why string) answer {
+	return answer{status: http.StatusServiceUnavailable, errType: "connection_limit_reached", why: why, refused: true}
+}
