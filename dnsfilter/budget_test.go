@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -164,4 +165,57 @@ func TestDNSQueryRate(t *testing.T) {
 	rec := testkit.WaitRecord(t, w.log, func(r egresslog.Record) bool { return r.Reason == policy.ReasonQuotaDNS })
 	assert.Equal(t, "hostile", rec.Agent)
 	assert.False(t, rec.Allowed)
+}
+
+// TestGatewayLookupsChargeTheirAgent: the gateway's lookups for one agent's
+// connections (a flood of new names) fill that agent's share of the
+// gateway's budget only; a lookup for another agent, or for none, goes on.
+func TestGatewayLookupsChargeTheirAgent(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{}, func(s *Server) {
+		s.GatewayInFlight, s.GatewayInFlightPerAgent = 16, 4
+	})
+	hostile := policy.WithAgent(context.Background(), "hostile")
+	var flood sync.WaitGroup
+	var busy atomic.Int32
+	for i := range 10 {
+		flood.Go(func() {
+			ctx, cancel := context.WithTimeout(hostile, 5*time.Second)
+			defer cancel()
+			if _, err := w.srv.LookupNetIP(ctx, "ip4", fmt.Sprintf("n%d.slow.test", i)); err != nil && strings.Contains(err.Error(), ReasonGatewayBusy) {
+				busy.Add(1)
+			}
+		})
+	}
+	require.Eventually(t, func() bool { return w.slowAsk.Load() == 4 }, 5*time.Second, 10*time.Millisecond, "the hostile agent fills its share")
+	require.Eventually(t, func() bool { return busy.Load() == 6 }, 5*time.Second, 10*time.Millisecond, "the rest is refused at once")
+	for _, ctx := range []context.Context{policy.WithAgent(context.Background(), "victim"), context.Background()} {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		addrs, err := w.srv.LookupNetIP(ctx, "ip4", fmt.Sprintf("v%d.fast.test", time.Now().UnixNano()))
+		cancel()
+		require.NoError(t, err, "a lookup for %q", policy.AgentFrom(ctx))
+		assert.Equal(t, []netip.Addr{netip.MustParseAddr("140.82.112.3")}, addrs)
+	}
+	close(w.release)
+	flood.Wait()
+}
+
+// TestTCPConnectionsBoundedPerSource: one source cannot hold open more
+// than its share of DNS-over-TCP connections.
+func TestTCPConnectionsBoundedPerSource(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{}, nil)
+	for range DefaultMaxTCPConnsPerSource {
+		c, err := net.Dial("tcp", w.addr)
+		require.NoError(t, err)
+		defer c.Close()
+	}
+	time.Sleep(100 * time.Millisecond) // the server has accepted them
+	c, err := net.Dial("tcp", w.addr)
+	if err == nil {
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		_, err = c.Read(make([]byte, 1))
+	}
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "a connection beyond the bound was kept open")
+	assert.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.3", "v.fast.test"), "another source is served")
 }

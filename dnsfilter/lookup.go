@@ -7,12 +7,15 @@ import (
 	"strings"
 
 	"github.com/miekg/dns"
+
+	"github.com/agenthold/egress/policy"
 )
 
 // LookupNetIP resolves host for the gateway itself, through the same
 // upstreams and cache as the sandboxes' queries but without any policy:
 // it is what the gateway connects to (the "server-side resolution"), and
-// netguard checks each address at dial time. It implements
+// netguard checks each address at dial time. A lookup made for an agent
+// (policy.WithAgent) takes that agent's share of the gateway's budget. It implements
 // netguard.Resolver, so tproxy and mitm can use the Server directly.
 func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
 	s.init()
@@ -38,7 +41,7 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 		go func() {
 			req := new(dns.Msg)
 			req.SetQuestion(name, qt)
-			m, _, err := s.resolve(ctx, "", req, req.Question[0], false)
+			m, _, err := s.resolve(ctx, asker{agent: policy.AgentFrom(ctx), gateway: true}, req, req.Question[0], false)
 			if err != nil {
 				results <- result{i: i, err: err}
 				return

@@ -30,6 +30,10 @@ const (
 	DefaultMaxInFlight         = 1024
 	DefaultMaxInFlightPerAgent = 64
 	DefaultGatewayInFlight     = 256
+	// DNS over TCP connections open at once, per source and in all.
+	DefaultMaxTCPConnsPerSource    = 32
+	DefaultMaxTCPConns             = 1024
+	DefaultGatewayInFlightPerAgent = 32
 )
 
 // Reasons recorded for queries that never reach the policy.
@@ -47,7 +51,8 @@ const (
 // concurrent use; set its fields before serving.
 type Server struct {
 	// Agents identifies the agent behind a query's source address; nil,
-	// or an unknown source, is refused.
+	// or an unknown source, is refused. Agents must have names: "" is the
+	// key of the gateway's own lookups made for no agent.
 	Agents policy.AgentFunc
 	// Upstreams are the resolvers allowed names go to, as "host:port",
 	// tried in order; nil means the name servers of /etc/resolv.conf.
@@ -81,17 +86,19 @@ type Server struct {
 	// agent's query rate is its policy's quota (policy.Quotas).
 	MaxInFlight, MaxInFlightPerAgent int
 	// GatewayInFlight bounds the gateway's own lookups (LookupNetIP)
-	// waiting for an upstream, a budget apart from the sandboxes', so that
-	// no agent's flood can keep the gateway from resolving what it dials.
-	// Zero means DefaultGatewayInFlight.
-	GatewayInFlight int
+	// waiting for an upstream, a budget apart from the sandboxes', and
+	// GatewayInFlightPerAgent the share of it a lookup made for one agent
+	// (policy.WithAgent on its context) may take, so that no agent's flood
+	// of names can keep the gateway from resolving what others dial. Zero
+	// means DefaultGatewayInFlight and DefaultGatewayInFlightPerAgent.
+	GatewayInFlight, GatewayInFlightPerAgent int
 
 	initOnce  sync.Once
 	cache     *cache
 	mem       *memory
 	flight    singleflight.Group
 	inFlight  budget.Counter // the sandboxes' queries, per agent
-	gateway   budget.Counter // the gateway's own lookups
+	gateway   budget.Counter // the gateway's own lookups, per agent they are for
 	rates     budget.Rates   // queries per second, per agent
 	upstreams []string
 	upErr     error
@@ -188,6 +195,9 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 		servers = append(servers, common(&dns.Server{PacketConn: pc, Net: "udp"}))
 	}
 	if ln != nil {
+		// TCP connections are bounded per source, so that held-open
+		// connections cannot pile up.
+		ln = &budget.Listener{Listener: ln, PerSource: DefaultMaxTCPConnsPerSource, Total: DefaultMaxTCPConns}
 		servers = append(servers, common(&dns.Server{Listener: ln, Net: "tcp"}))
 	}
 	s.mu.Lock()
@@ -375,7 +385,7 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	}
 
 	do := opt != nil && opt.Do()
-	up, age, err := s.resolve(context.Background(), agent, req, q, do)
+	up, age, err := s.resolve(context.Background(), asker{agent: agent}, req, q, do)
 	var busy overBudget
 	switch {
 	case errors.As(err, &busy): // a bound this agent met: a refusal, not a failure
@@ -413,12 +423,19 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	return resp, rec
 }
 
+// asker is who waits for an answer: an agent's query, or the gateway's
+// own lookup (for an agent, or "" for none).
+type asker struct {
+	agent   string
+	gateway bool
+}
+
 // resolve returns the upstream answer to q, from the cache or from one
 // exchange shared by every concurrent asker, and how long it was cached.
-// An asker waiting for the upstream takes a place in its budget: agent's
-// (and the sandboxes' total), or, for agent "", the gateway's own; none
-// left is an error at once. The wait ends with ctx.
-func (s *Server) resolve(ctx context.Context, agent string, req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
+// An asker waiting for the upstream takes a place in its budget: its
+// agent's share of the sandboxes' queries, or of the gateway's lookups;
+// none left is an error at once. The wait ends with ctx.
+func (s *Server) resolve(ctx context.Context, who asker, req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
 	key := cacheKey{name: strings.ToLower(q.Name), qtype: q.Qtype, do: do}
 	now := time.Now()
 	if s.cache != nil {
@@ -429,17 +446,23 @@ func (s *Server) resolve(ctx context.Context, agent string, req *dns.Msg, q dns.
 	if s.upErr != nil {
 		return nil, 0, s.upErr
 	}
-	if agent == "" {
-		if !s.gateway.Acquire("", 0, cmp(s.GatewayInFlight, DefaultGatewayInFlight)) {
+	agent := who.agent
+	switch {
+	case who.gateway:
+		perAgent := cmp(s.GatewayInFlightPerAgent, DefaultGatewayInFlightPerAgent)
+		if agent == "" {
+			perAgent = 0 // the gateway's lookups for no agent share only the total
+		}
+		if !s.gateway.Acquire(agent, perAgent, cmp(s.GatewayInFlight, DefaultGatewayInFlight)) {
 			return nil, 0, overBudget(ReasonGatewayBusy)
 		}
-		defer s.gateway.Release("")
-	} else if !s.inFlight.Acquire(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)) {
+		defer s.gateway.Release(agent)
+	case !s.inFlight.Acquire(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)):
 		if n, _ := s.inFlight.Count(agent); n >= cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent) {
 			return nil, 0, overBudget(ReasonAgentOverloaded)
 		}
 		return nil, 0, overBudget(ReasonOverloaded)
-	} else {
+	default:
 		defer s.inFlight.Release(agent)
 	}
 	flightKey := key.name + "/" + strconv.Itoa(int(key.qtype)) + "/" + strconv.FormatBool(do)

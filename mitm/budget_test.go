@@ -159,3 +159,58 @@ func TestMintRate(t *testing.T) {
 	_, err = r.ic.leafFor("a2", "fresh.example.com")
 	assert.NoError(t, err, "another agent has its own rate")
 }
+
+// TestIdleUpstreamConnectionsGiveBackTheirSlots: an agent whose slots are
+// all held by idle connections gets one back for a new host at once.
+func TestIdleUpstreamConnectionsGiveBackTheirSlots(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxUpstreamConnsPerAgent = 1
+	resp, body := r.get(r.client(r.addr, false), "https://api.test/", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	n, _ := r.ic.upstream.Count("a1")
+	require.Equal(t, 1, n, "the idle connection holds the agent's one slot")
+	// A request for another host (judged on its own Host) needs another
+	// upstream connection.
+	req, _ := http.NewRequest("GET", "https://api.test/", nil)
+	req.Host = "other.test"
+	resp, err := r.client(r.addr, false).Do(req)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestRequestsPerAgentBounded: an agent's intercepted requests in progress,
+// over all its connections, are bounded.
+func TestRequestsPerAgentBounded(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxRequestsPerAgent = 2
+	release := make(chan struct{})
+	var held gauge
+	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		held.in()
+		defer held.out()
+		<-release
+	})
+	var wg sync.WaitGroup
+	codes := make(chan int, 5)
+	for range 5 {
+		wg.Go(func() {
+			resp, _ := r.get(r.client(r.addr, false), "https://api.test/hold", nil)
+			codes <- resp.StatusCode
+		})
+	}
+	require.Eventually(t, func() bool { return len(codes) == 3 }, 5*time.Second, 10*time.Millisecond, "requests beyond the bound are refused at once")
+	assert.EqualValues(t, 2, held.now.Load())
+	close(release)
+	wg.Wait()
+	close(codes)
+	refused := 0
+	for c := range codes {
+		if c == http.StatusServiceUnavailable {
+			refused++
+		}
+	}
+	assert.Equal(t, 3, refused)
+	testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == ReasonAgentRequests && !rec.Allowed })
+}

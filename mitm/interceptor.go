@@ -97,12 +97,17 @@ type Interceptor struct {
 	MaxUpstreamConnsPerAgent int
 	MaxUpstreamConnsPerHost  int
 	MintsPerSecond           float64
+	// MaxRequestsPerAgent bounds an agent's intercepted requests in
+	// progress, over all its connections and streams (a request waiting
+	// for an upstream connection holds memory too).
+	MaxRequestsPerAgent int
 
 	initOnce   sync.Once
 	transports *httpfwd.Transports // for hooks (Client)
 	perAgent   sync.Map            // agent -> *httpfwd.Transports
 	upstream   budget.Counter      // upstream connections, per agent
 	mints      budget.Rates        // leaves minted, per agent
+	requests   budget.Counter      // requests in progress, per agent
 	proxy      *httputil.ReverseProxy
 }
 
@@ -112,11 +117,16 @@ const (
 	DefaultMaxUpstreamConnsPerAgent = 64
 	DefaultMaxUpstreamConnsPerHost  = 8
 	DefaultMintsPerSecond           = 5
+	DefaultMaxRequestsPerAgent      = 512
 )
 
-// ReasonUpstreamConns is recorded when an agent's requests would open
-// more upstream connections than its bound.
-const ReasonUpstreamConns = "too many upstream connections for this agent"
+// Reasons for a bound an agent met: its requests would open more upstream
+// connections than its share, or it has more requests in progress than
+// its share.
+const (
+	ReasonUpstreamConns = "too many upstream connections for this agent"
+	ReasonAgentRequests = "too many requests in progress for this agent"
+)
 
 var errUpstreamConns = errors.New(ReasonUpstreamConns)
 
@@ -126,13 +136,18 @@ func (i *Interceptor) transportsFor(agent string) *httpfwd.Transports {
 		return ts.(*httpfwd.Transports)
 	}
 	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
-	ts := httpfwd.NewTransports(httpfwd.Config{
+	var ts *httpfwd.Transports
+	ts = httpfwd.NewTransports(httpfwd.Config{
 		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs,
 		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		Admit: func() (func(), error) {
 			if !i.upstream.Acquire(agent, perAgent, 0) {
-				return nil, errUpstreamConns
+				// Idle connections hold slots too: give theirs back first.
+				ts.CloseIdleConnections()
+				if !i.upstream.Acquire(agent, perAgent, 0) {
+					return nil, errUpstreamConns
+				}
 			}
 			return func() { i.upstream.Release(agent) }, nil
 		},
@@ -362,6 +377,12 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			i.Log.Record(rec)
 		}
 	}()
+	if !i.requests.Acquire(info.agent, orDefault(i.MaxRequestsPerAgent, DefaultMaxRequestsPerAgent), 0) {
+		rec.Reason = ReasonAgentRequests
+		http.Error(cw, "egress: "+ReasonAgentRequests, http.StatusServiceUnavailable)
+		return
+	}
+	defer i.requests.Release(info.agent)
 	d := info.pol.Decide(host, info.port)
 	canon := d.Name
 	if d.Addr.IsValid() {
@@ -470,6 +491,7 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	if st.injectErr != nil {
 		return nil, errInjectFailed
 	}
+	r = r.WithContext(policy.WithAgent(r.Context(), st.info.agent))
 	return rt.i.transportsFor(st.info.agent).For(st.allowPrivate).RoundTrip(r)
 }
 

@@ -1,6 +1,10 @@
 package policy
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"math"
+)
 
 // Quotas bound what one agent may take of a gateway shared with others.
 // A zero field means its default; a negative one, no limit. Exceeding a
@@ -48,8 +52,14 @@ func (q Quotas) withDefaults() Quotas {
 }
 
 func (q Quotas) check() error {
-	for name, v := range map[string]float64{"connections-per-second": q.ConnectionsPerSecond, "dns-queries-per-second": q.DNSQueriesPerSecond} {
-		if v > 0 && v < 1 {
+	for name, v := range map[string]float64{
+		"connections-per-second": q.ConnectionsPerSecond, "dns-queries-per-second": q.DNSQueriesPerSecond,
+		"bytes-per-second-up": q.BytesPerSecondUp, "bytes-per-second-down": q.BytesPerSecondDown,
+	} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("policy: quota %s: %v is not a number of a second", name, v)
+		}
+		if v > 0 && v < 1 && name != "bytes-per-second-up" && name != "bytes-per-second-down" {
 			return fmt.Errorf("policy: quota %s: %v is less than one a second", name, v)
 		}
 	}
@@ -89,3 +99,18 @@ type QuotaError struct {
 }
 
 func (e *QuotaError) Error() string { return e.Reason }
+
+type agentKey struct{}
+
+// WithAgent returns a context saying which agent the gateway's work on it
+// is for, so that a shared resource further down (dnsfilter's lookups for
+// the gateway's own dials) charges that agent's share.
+func WithAgent(ctx context.Context, agent string) context.Context {
+	return context.WithValue(ctx, agentKey{}, agent)
+}
+
+// AgentFrom returns the agent WithAgent put in ctx, or "".
+func AgentFrom(ctx context.Context) string {
+	a, _ := ctx.Value(agentKey{}).(string)
+	return a
+}

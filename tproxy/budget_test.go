@@ -1,11 +1,16 @@
 package tproxy
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -116,6 +122,33 @@ func TestByteRateQuota(t *testing.T) {
 	assert.Greater(t, time.Since(start), 1500*time.Millisecond, "3 MiB at 1 MiB/s took less than 1.5 s")
 }
 
+// TestByteRateQuotaAcrossConnections: the rate is the agent's, whatever
+// the number of its connections.
+func TestByteRateQuotaAcrossConnections(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	const conns, size, rate = 8, 1 << 20, 2 << 20
+	w.setPolicy(policy.Config{Mode: policy.Open, Quotas: policy.Quotas{BytesPerSecondDown: rate}})
+	big := listenLoop(t, "127.0.0.2:0")
+	go acceptLoop(big, func(c net.Conn) {
+		defer c.Close()
+		c.Write(bytes.Repeat([]byte("x"), size))
+	})
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conns {
+		c := w.dial(addrPortOf(big.Addr()))
+		wg.Go(func() {
+			n, err := io.Copy(io.Discard, c)
+			assert.NoError(t, err)
+			assert.EqualValues(t, size, n)
+		})
+	}
+	wg.Wait()
+	// 8 MiB at 2 MiB/s: a second's burst, each connection's first chunk
+	// ahead of paying, then the rest at the rate.
+	assert.Greater(t, time.Since(start), 2*time.Second, "8 MiB over 8 connections at 2 MiB/s took less than 2 s")
+}
+
 // TestInterceptRefusedForQuota: a connection the Interceptor refused for a
 // quota is recorded as a denial with the quota's reason, not as an
 // intercepted connection that failed.
@@ -126,4 +159,106 @@ func TestInterceptRefusedForQuota(t *testing.T) {
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.test" && r.Kind == egresslog.KindTLS })
 	assert.False(t, r.Allowed, "record %+v", r)
 	assert.Equal(t, policy.ReasonQuotaMints, r.Reason)
+}
+
+// agentRecordingResolver resolves as its map does, and notes which agent
+// each lookup was made for.
+type agentRecordingResolver struct {
+	testkit.Resolver
+	mu     sync.Mutex
+	agents []string
+}
+
+func (r *agentRecordingResolver) LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	r.agents = append(r.agents, policy.AgentFrom(ctx))
+	r.mu.Unlock()
+	return r.Resolver.LookupNetIP(ctx, network, host)
+}
+
+// TestLookupsAreForTheirAgent: the gateway's own lookups, for transparent
+// TLS, CONNECT and plain HTTP alike, say which agent they are for, so that
+// a shared resolver charges that agent.
+func TestLookupsAreForTheirAgent(t *testing.T) {
+	var rec *agentRecordingResolver
+	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) {
+		rec = &agentRecordingResolver{Resolver: p.Resolver.(testkit.Resolver)}
+		p.Resolver = rec
+	})
+	_, err := w.httpsGet(w.tlsAddr, "api.test")
+	require.NoError(t, err)
+	c, _, resp := w.connectTo(fmt.Sprintf("api.test:%d", w.tlsAddr.Port()))
+	c.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	hc := w.dial(w.httpAddr)
+	fmt.Fprintf(hc, "GET / HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n")
+	hresp, err := http.ReadResponse(bufio.NewReader(hc), nil)
+	require.NoError(t, err)
+	hresp.Body.Close()
+	require.Equal(t, 200, hresp.StatusCode)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Len(t, rec.agents, 3)
+	for _, a := range rec.agents {
+		assert.Equal(t, "a1", a)
+	}
+}
+
+// TestExplicitConnectionsBounded: connections to the explicit proxy port
+// count per source even before they carry a request, so that half-sent
+// heads cannot pile up.
+func TestExplicitConnectionsBounded(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.MaxExplicitConnsPerSource = 2 })
+	open := func() net.Conn {
+		c, err := net.Dial("tcp", w.explicit.Addr().String())
+		if err != nil {
+			return nil // reset already
+		}
+		t.Cleanup(func() { c.Close() })
+		io.WriteString(c, "CONNECT api.test:443 HTTP/1.1\r\nX-Slow: ") // never finished
+		return c
+	}
+	closedAtOnce := func(c net.Conn) bool {
+		if c == nil {
+			return true
+		}
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		_, err := c.Read(make([]byte, 1))
+		return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	held := []net.Conn{open(), open()}
+	time.Sleep(50 * time.Millisecond) // the server has seen both
+	extra := open()
+	assert.True(t, closedAtOnce(extra), "a third connection from the same source was kept")
+	for _, c := range held {
+		assert.False(t, closedAtOnce(c), "a connection within the bound was closed")
+	}
+	held[0].Close()
+	time.Sleep(50 * time.Millisecond)
+	assert.False(t, closedAtOnce(open()), "a connection was refused after one closed")
+}
+
+// TestExplicitByteRateQuota: plain HTTP through the explicit proxy is held
+// to the agent's bytes per second too.
+func TestExplicitByteRateQuota(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	const size, rate = 3 << 20, 1 << 20
+	w.setPolicy(policy.Config{Mode: policy.Open, Quotas: policy.Quotas{BytesPerSecondDown: rate}})
+	backend := listenLoop(t, "127.0.0.2:0")
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Write(bytes.Repeat([]byte("x"), size))
+	})}
+	go srv.Serve(backend)
+	t.Cleanup(func() { srv.Close() })
+	c, err := net.Dial("tcp", w.explicit.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	start := time.Now()
+	fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", backend.Addr())
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	n, err := io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err)
+	assert.EqualValues(t, size, n)
+	assert.Greater(t, time.Since(start), 1500*time.Millisecond, "3 MiB at 1 MiB/s took less than 1.5 s")
 }

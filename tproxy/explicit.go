@@ -48,6 +48,7 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 	srv := p.newHTTPServer(http.HandlerFunc(p.serveExplicit), func(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, factsKey{}, connFacts{src: addrPortOf(c.RemoteAddr()), explicit: true})
 	})
+	srv.ConnState = p.boundExplicitConns
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -60,6 +61,28 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 		return err
 	}
 	return ErrServerClosed
+}
+
+// boundExplicitConns bounds the connections to the explicit proxy each
+// source address holds open (idle, or with a request head coming): a
+// connection beyond MaxExplicitConnsPerSource, or beyond MaxConns in all,
+// is closed at once. A hijacked connection (a tunnel) is counted from
+// then on as one of its agent's connections instead.
+func (p *Proxy) boundExplicitConns(c net.Conn, state http.ConnState) {
+	src := addrPortOf(c.RemoteAddr()).Addr().String()
+	switch state {
+	case http.StateNew:
+		if !p.explicitConns.Acquire(src, orDefault(p.MaxExplicitConnsPerSource, DefaultMaxExplicitConnsPerSource), orDefault(p.MaxConns, DefaultMaxConns)) {
+			p.logger().Debug("explicit proxy: too many connections from one source", "src", src)
+			reset(c)
+			return
+		}
+		p.explicitCounted.Store(c, struct{}{})
+	case http.StateHijacked, http.StateClosed:
+		if _, ok := p.explicitCounted.LoadAndDelete(c); ok {
+			p.explicitConns.Release(src)
+		}
+	}
 }
 
 func (p *Proxy) serveExplicit(w http.ResponseWriter, r *http.Request) {
@@ -194,12 +217,12 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	case intercepted:
 		// The Interceptor dials on its own; the name must resolve to an
 		// address the guard permits.
-		if err := p.checkName(r.Context(), pol, s.connectName); err != nil {
+		if err := p.checkName(policy.WithAgent(r.Context(), agent), pol, s.connectName); err != nil {
 			refuse(dialAnswer(err))
 			return
 		}
 	case d.Allowed:
-		if up, err = p.dial(p.dialContext(r.Context()), pol, t); err != nil {
+		if up, err = p.dial(policy.WithAgent(r.Context(), agent), pol, t); err != nil {
 			refuse(dialAnswer(err))
 			return
 		}
@@ -230,7 +253,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
-	ctx, cancel := context.WithCancel(p.baseCtx)
+	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
 	defer cancel()
 	s.ctx, s.client = ctx, conn
 	switch {

@@ -121,6 +121,15 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer release()
+		// Its bytes are held to the agent's quotas here; a transparent
+		// connection's are on the connection itself.
+		q := pol.Quotas()
+		if up := p.pacer(&p.bytesUp, agent, q.BytesPerSecondUp); up != nil {
+			r.Body = &pacedBody{ReadCloser: r.Body, pace: up}
+		}
+		if down := p.pacer(&p.bytesDown, agent, q.BytesPerSecondDown); down != nil {
+			w = &pacedWriter{ResponseWriter: w, pace: down}
+		}
 	}
 	host, dst, err := httpTarget(r, f)
 	if err != nil {
@@ -144,6 +153,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	body := httpmeter.CountBody(r)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out = pr.Out.WithContext(policy.WithAgent(pr.Out.Context(), agent))
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = t.dialAddress()
 			pr.Out.Host = r.Host
@@ -168,6 +178,41 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	rec.Duration = time.Since(start)
 	p.record(rec)
 }
+
+// pacedBody holds a request body to its agent's rate up.
+type pacedBody struct {
+	io.ReadCloser
+	pace *pacer
+}
+
+func (b *pacedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p[:b.pace.chunk(len(p))])
+	b.pace.moved(int64(n))
+	return n, err
+}
+
+// pacedWriter holds a response body to its agent's rate down. Unwrap lets
+// http.ResponseController reach the writer beneath (to flush).
+type pacedWriter struct {
+	http.ResponseWriter
+	pace *pacer
+}
+
+func (w *pacedWriter) Write(b []byte) (int, error) {
+	total := 0
+	for len(b) > 0 {
+		n, err := w.ResponseWriter.Write(b[:w.pace.chunk(len(b))])
+		w.pace.moved(int64(n))
+		total += n
+		b = b[n:]
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func (w *pacedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // httpTarget returns what a plain HTTP request is judged on: for the
 // explicit proxy, its absolute http:// URL's host and port; for a

@@ -47,6 +47,10 @@ const (
 	DefaultMaxHelloSize     = 32 << 10
 	DefaultMaxConns         = 20000
 	DefaultMaxConnsPerAgent = 2000
+	// DefaultMaxExplicitConnsPerSource bounds connections to the explicit
+	// proxy from one address: a client keeps a few, a NAT in front of
+	// remote agents many.
+	DefaultMaxExplicitConnsPerSource = 1024
 )
 
 // Proxy is the transparent proxy and the explicit proxy. The zero Proxy
@@ -102,6 +106,10 @@ type Proxy struct {
 	// rate of new connections and its bytes per second each way are its
 	// policy's quotas (policy.Quotas).
 	MaxConns, MaxConnsPerAgent int
+	// MaxExplicitConnsPerSource bounds the connections to the explicit
+	// proxy one source address holds open, before or between requests;
+	// zero means DefaultMaxExplicitConnsPerSource.
+	MaxExplicitConnsPerSource int
 
 	initOnce sync.Once
 	// baseCtx is the parent of every session's context; a forced
@@ -114,6 +122,10 @@ type Proxy struct {
 	bytesUp   budget.Rates // bytes per second towards destinations, per agent
 	bytesDown budget.Rates // and back
 	relays    relaySet
+	// Connections to the explicit proxy, per source address, and which
+	// of them are counted.
+	explicitConns   budget.Counter
+	explicitCounted sync.Map // net.Conn -> struct{}
 
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions

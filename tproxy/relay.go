@@ -26,7 +26,7 @@ type relay struct {
 	why        atomic.Pointer[string] // why it was cut short, if it was
 	// paceUp and paceDown, when set, are told of the bytes moved each
 	// way and wait while the agent is over its byte quota.
-	paceUp, paceDown func(n int64)
+	paceUp, paceDown *pacer
 }
 
 func newRelay(client net.Conn, up *net.TCPConn) *relay {
@@ -36,26 +36,50 @@ func newRelay(client net.Conn, up *net.TCPConn) *relay {
 	return r
 }
 
-// pacer returns what holds an agent to a rate of bytes per second in one
-// direction, or nil for no limit: told of the bytes just moved, it sleeps
-// off the agent's debt (at most a second at a time, and not past the
-// proxy's shutdown). The copy loop stops meanwhile, and TCP's window
-// pushes back on the sender.
-func (p *Proxy) pacer(rates *budget.Rates, agent string, rate float64) func(n int64) {
+// pacer holds one direction of an agent's connections, all of them
+// together, to a rate of bytes per second. A nil pacer does not limit.
+type pacer struct {
+	rates  *budget.Rates
+	agent  string
+	rate   float64
+	closed <-chan struct{}
+}
+
+// pacer returns the pacer of agent's bytes in one direction, or nil for
+// no limit.
+func (p *Proxy) pacer(rates *budget.Rates, agent string, rate float64) *pacer {
 	if rate <= 0 {
 		return nil
 	}
-	return func(n int64) {
-		d := rates.Wait(agent, float64(n), rate, rate, time.Now())
-		if d <= 0 {
-			return
-		}
-		t := time.NewTimer(min(d, time.Second))
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-p.closedCh:
-		}
+	return &pacer{rates: rates, agent: agent, rate: rate, closed: p.closedCh}
+}
+
+// chunk bounds the bytes a connection moves before it is charged: an
+// eighth of a second's worth (at least 4 KiB), so that what the agent's
+// many connections move ahead of paying stays small.
+func (pc *pacer) chunk(n int) int {
+	if pc == nil {
+		return n
+	}
+	return min(n, max(int(pc.rate/8), 4<<10))
+}
+
+// moved charges n bytes to the agent and sleeps off its debt, whole (or
+// until the proxy shuts down). The copy stops meanwhile, and TCP's window
+// pushes back on the sender.
+func (pc *pacer) moved(n int64) {
+	if pc == nil || n <= 0 {
+		return
+	}
+	d := pc.rates.Wait(pc.agent, float64(n), pc.rate, pc.rate, time.Now())
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-pc.closed:
 	}
 }
 
@@ -71,14 +95,13 @@ func (r *relay) abort(why string) {
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // copyTracked copies through user space, recording when bytes last moved,
-// for connections the kernel cannot splice; pace, if set, is told of the
-// bytes moved.
-func (r *relay) copyTracked(dst, src net.Conn, pace func(int64)) (int64, error) {
+// for connections the kernel cannot splice, held to pace.
+func (r *relay) copyTracked(dst, src net.Conn, pace *pacer) (int64, error) {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	var total int64
 	for {
-		n, rerr := src.Read(*bp)
+		n, rerr := src.Read((*bp)[:pace.chunk(len(*bp))])
 		if n > 0 {
 			r.lastActive.Store(time.Now().UnixNano())
 			m, werr := dst.Write((*bp)[:n])
@@ -86,9 +109,7 @@ func (r *relay) copyTracked(dst, src net.Conn, pace func(int64)) (int64, error) 
 			if werr != nil {
 				return total, werr
 			}
-			if pace != nil {
-				pace(int64(m))
-			}
+			pace.moved(int64(m))
 		}
 		if rerr == io.EOF {
 			return total, nil
@@ -275,7 +296,7 @@ type prefixConn struct {
 	closed  chan struct{}
 	once    sync.Once
 	// paceUp and paceDown hold the agent to its byte quotas, as a relay's.
-	paceUp, paceDown func(n int64)
+	paceUp, paceDown *pacer
 }
 
 var _ net.Conn = (*prefixConn)(nil)
@@ -287,25 +308,31 @@ func newPrefixConn(c net.Conn, prefix []byte) *prefixConn {
 func (c *prefixConn) Read(b []byte) (int, error) {
 	var n int
 	var err error
+	b = b[:c.paceUp.chunk(len(b))]
 	if c.prefix.Len() > 0 {
 		n, err = c.prefix.Read(b)
 	} else {
 		n, err = c.c.Read(b)
 	}
 	c.read.Add(int64(n))
-	if c.paceUp != nil && n > 0 {
-		c.paceUp(int64(n))
-	}
+	c.paceUp.moved(int64(n))
 	return n, err
 }
 
+// Write writes b, in chunks its pacer allows.
 func (c *prefixConn) Write(b []byte) (int, error) {
-	n, err := c.c.Write(b)
-	c.written.Add(int64(n))
-	if c.paceDown != nil && n > 0 {
-		c.paceDown(int64(n))
+	total := 0
+	for len(b) > 0 {
+		n, err := c.c.Write(b[:c.paceDown.chunk(len(b))])
+		c.written.Add(int64(n))
+		c.paceDown.moved(int64(n))
+		total += n
+		b = b[n:]
+		if err != nil {
+			return total, err
+		}
 	}
-	return n, err
+	return total, nil
 }
 
 // Close closes the connection and signals whoever waits for it.

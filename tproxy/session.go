@@ -166,7 +166,7 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 	if p.Names != nil {
 		names = p.Names(agent, dst.Addr())
 	}
-	ctx, cancel := context.WithCancel(p.baseCtx)
+	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
 	defer cancel()
 	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, src: src, dst: dst, names: names, start: start}
 	s.run(nil)

@@ -14,7 +14,7 @@ const canSplice = true
 
 // copy moves bytes from src to dst until src's end of stream: spliced
 // when both ends are TCP, through user space otherwise.
-func (r *relay) copy(dst, src net.Conn, pace func(int64)) (int64, error) {
+func (r *relay) copy(dst, src net.Conn, pace *pacer) (int64, error) {
 	if r.spliced {
 		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn), pace)
 	}
@@ -95,9 +95,9 @@ func (p *pipe) close() {
 
 // spliceCopy moves bytes from src to dst with splice(2) until src's end of
 // stream, returning the count. A pipe is taken from the pool when src has
-// bytes and returned, empty, before waiting for more. pace, if set, is
-// told of each pipe's worth moved.
-func spliceCopy(dst, src *net.TCPConn, pace func(int64)) (int64, error) {
+// bytes and returned, empty, before waiting for more. Each pipe's worth is
+// held to pace.
+func spliceCopy(dst, src *net.TCPConn, pace *pacer) (int64, error) {
 	srcRaw, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -118,7 +118,7 @@ func spliceCopy(dst, src *net.TCPConn, pace func(int64)) (int64, error) {
 					return true
 				}
 			}
-			inPipe, spliceErr = spliceRetry(int(fd), p.w, pipeSize)
+			inPipe, spliceErr = spliceRetry(int(fd), p.w, pace.chunk(pipeSize))
 			if spliceErr == unix.EAGAIN {
 				putPipe(p)
 				p = nil
@@ -158,9 +158,7 @@ func spliceCopy(dst, src *net.TCPConn, pace func(int64)) (int64, error) {
 			return total, err
 		}
 		putPipe(p)
-		if pace != nil {
-			pace(int64(moved))
-		}
+		pace.moved(int64(moved))
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 const canSplice = false
 
 // copy moves bytes from src to dst until src's end of stream.
-func (r *relay) copy(dst, src net.Conn, pace func(int64)) (int64, error) {
+func (r *relay) copy(dst, src net.Conn, pace *pacer) (int64, error) {
 	return r.copyTracked(dst, src, pace)
 }
 

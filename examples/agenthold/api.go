@@ -402,7 +402,7 @@ func countedReasons() []string {
 	return append(policy.QuotaReasons(),
 		tproxy.ReasonAgentTooManyConns, tproxy.ReasonTooManyConns,
 		dnsfilter.ReasonAgentOverloaded, dnsfilter.ReasonOverloaded, dnsfilter.ReasonGatewayBusy,
-		mitm.ReasonUpstreamConns)
+		mitm.ReasonUpstreamConns, mitm.ReasonAgentRequests)
 }
 
 // label quotes a Prometheus label value.

@@ -40,8 +40,9 @@ import (
 // TestNoisyNeighbour runs two agents on one gateway. bob, hostile, at
 // once: floods DNS with unique names under a slow zone, opens HTTP/2
 // streams by the thousand through an intercepted host, opens connections
-// past its cap, and floods the explicit proxy with plain-HTTP requests to
-// a slow server. alice meanwhile resolves new names and makes HTTPS
+// past its cap, floods the explicit proxy with plain-HTTP requests to a
+// slow server, and with CONNECTs to unique names under the slow zone
+// (which the gateway must look up itself). alice meanwhile resolves new names and makes HTTPS
 // requests, intercepted and passed through, each on a new connection. It
 // asserts that every one of alice's operations succeeds, idle and under
 // attack, that bob's refusals are counted in /metrics, and that the
@@ -240,13 +241,16 @@ type hostile struct {
 	streamsOpened, streamsRefused            atomic.Int64
 	connsOpened, connsRefused                atomic.Int64
 	explicitSent, explicitOK, explicitDenied atomic.Int64
+	connectSent, connectRefused              atomic.Int64
 }
 
 func (h *hostile) summary() string {
 	return fmt.Sprintf("DNS %d sent, %d answered, %d refused or failed; HTTP/2 %d streams opened, %d reset by the gateway; "+
-		"connections %d opened, %d refused or cut; explicit proxy %d requests, %d answered 200, %d refused",
+		"connections %d opened, %d refused or cut; explicit proxy %d requests, %d answered 200, %d refused; "+
+		"CONNECT to new names %d, %d refused",
 		h.dnsSent.Load(), h.dnsAnswered.Load(), h.dnsRefused.Load(), h.streamsOpened.Load(), h.streamsRefused.Load(),
-		h.connsOpened.Load(), h.connsRefused.Load(), h.explicitSent.Load(), h.explicitOK.Load(), h.explicitDenied.Load())
+		h.connsOpened.Load(), h.connsRefused.Load(), h.explicitSent.Load(), h.explicitOK.Load(), h.explicitDenied.Load(),
+		h.connectSent.Load(), h.connectRefused.Load())
 }
 
 // start runs the floods until ctx ends; each is bounded in count too.
@@ -261,6 +265,9 @@ func (h *hostile) start(ctx context.Context) *sync.WaitGroup {
 	wg.Go(func() { h.connFlood(ctx, tproxy.DefaultMaxConnsPerAgent+500) })
 	for range 100 {
 		wg.Go(func() { h.explicitFlood(ctx, 1000) })
+	}
+	for range 10 {
+		wg.Go(func() { h.connectFlood(ctx, 1000) })
 	}
 	return &wg
 }
@@ -421,6 +428,27 @@ func (h *hostile) explicitFlood(ctx context.Context, limit int) {
 			if resp.Close {
 				break
 			}
+		}
+		stop()
+		c.Close()
+	}
+}
+
+// connectFlood asks the explicit proxy for tunnels to names never seen,
+// under the slow zone: the gateway looks each up before it answers.
+func (h *hostile) connectFlood(ctx context.Context, limit int) {
+	for i := 0; i < limit && ctx.Err() == nil; i++ {
+		c, err := dialIn(h.ns, "tcp", h.explicit)
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		name := fmt.Sprintf("c%d-%d%s", i, time.Now().UnixNano(), strings.TrimSuffix(slowZone, "."))
+		fmt.Fprintf(c, "CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n", name, name)
+		h.connectSent.Add(1)
+		if resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != http.StatusOK {
+			h.connectRefused.Add(1)
 		}
 		stop()
 		c.Close()

@@ -246,9 +246,12 @@ func (g GatewayRules) build(r *Rules) error {
 	// loopback): nothing on the uplink side can resolve or connect through
 	// the gateway.
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: loopbackIn()})
-	if !g.NoNetwork {
+	// (With NoNetwork too: the listeners may run all the same.)
+	if g.DNSPort != 0 {
 		c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(l4(unix.IPPROTO_UDP, g.DNSPort), drop())})
-		for _, p := range append([]uint16{g.DNSPort, g.ProxyPort}, g.OpenPorts...) {
+	}
+	for _, p := range append([]uint16{g.DNSPort, g.ProxyPort}, g.OpenPorts...) {
+		if p != 0 {
 			c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: append(l4(unix.IPPROTO_TCP, p), drop())})
 		}
 	}

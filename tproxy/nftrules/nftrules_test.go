@@ -133,10 +133,14 @@ func TestRulesetInKernel(t *testing.T) {
 func TestNoNetworkRules(t *testing.T) {
 	testkit.RequireNamespaces(t)
 	n := testkit.NewNS(t, "nft")
-	r, err := GatewayRules{Table: "egress_test", NetNS: n.Path(), Interfaces: []string{"veth-agent1"}, NoNetwork: true}.Apply()
+	r, err := GatewayRules{Table: "egress_test", NetNS: n.Path(), Interfaces: []string{"veth-agent1"}, NoNetwork: true, DNSPort: 15053, ProxyPort: 15001}.Apply()
 	require.NoError(t, err)
 	defer r.Close()
 	out := nftList(t, n)
 	require.NotContains(t, out, "redirect", "no-network rules")
 	require.Contains(t, out, "chain agent_in {\n\t\tdrop\n\t}", "no-network rules")
+	// The listeners may run all the same: the uplink side still reaches
+	// none of them.
+	require.Contains(t, out, "udp dport 15053 drop", "no-network rules")
+	require.Contains(t, out, "tcp dport 15001 drop", "no-network rules")
 }
