@@ -244,6 +244,10 @@ type speculation struct {
 
 // start dials the target in the background, while the client is silent.
 func (sp *speculation) start() {
+	if sp.up != nil && sp.upc == nil {
+		sp.upc = readInto(sp.up, make([]byte, 0, 4096))
+		return
+	}
 	if !sp.ok || sp.early || sp.lazy {
 		return
 	}
@@ -325,8 +329,9 @@ func (s *session) run(buffered []byte) {
 	sp := speculation{s: s}
 	switch {
 	case s.predial != nil && s.predial.conn != nil:
-		sp.target, sp.ok, sp.early = s.predial.target, true, true
-		sp.dialled(dialResult{conn: s.predial.conn})
+		// Dialled already; whether the server speaks first is read for
+		// only if the client does not.
+		sp.target, sp.ok, sp.early, sp.up = s.predial.target, true, true, s.predial.conn
 	case s.predial != nil:
 		sp.target, sp.ok, sp.lazy = s.predial.target, true, true
 	default:

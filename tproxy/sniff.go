@@ -119,6 +119,13 @@ func parseHello(b []byte) (helloInfo, error) {
 	case err == nil:
 		return helloInfo{}, errors.New("tproxy: ClientHello parse did not stop")
 	}
+	// crypto/tls refuses a server name with a trailing dot; such a name
+	// is judged by its normalised form.
+	if name, dotErr := trailingDotServerName(b); dotErr == nil {
+		return helloInfo{serverName: name}, nil
+	} else if errors.Is(dotErr, ErrECH) {
+		return helloInfo{}, ErrECH
+	}
 	return helloInfo{}, errors.Join(errors.New("tproxy: invalid ClientHello"), err)
 }
 

@@ -129,7 +129,7 @@ func withExtension(t *testing.T, hello []byte, typ uint16, data []byte) []byte {
 	off += 2 + (int(b[off])<<8 | int(b[off+1])) // cipher suites
 	off += 1 + int(b[off])                      // compression methods
 	extLen := int(b[off])<<8 | int(b[off+1])
-	require.Equal(t, len(b), 5+int(b[3])<<8|int(b[4]), "the ClientHello is not one record ending with its extensions")
+	require.Equal(t, len(b), 5+(int(b[3])<<8|int(b[4])), "the ClientHello is not one record ending with its extensions")
 	require.Equal(t, len(b), off+2+extLen, "the ClientHello is not one record ending with its extensions")
 	add := 4 + len(data)
 	b = append(b, byte(typ>>8), byte(typ), byte(len(data)>>8), byte(len(data)))
