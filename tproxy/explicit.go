@@ -26,7 +26,8 @@ const (
 // Credentials are what a request to the explicit proxy says of who sent
 // it, for Proxy.Identify.
 type Credentials struct {
-	Src netip.Addr // the connection's source address
+	Src   netip.Addr     // the connection's source address
+	Local netip.AddrPort // the address it came to: which listener
 	// User and Token come from Proxy-Authorization: "Basic" user:token,
 	// or "Bearer" token (User empty). Both are empty without the header.
 	User, Token string
@@ -108,6 +109,9 @@ func (p *Proxy) identify(r *http.Request, src netip.Addr) (string, *policy.Polic
 		return agent, pol, nil
 	}
 	creds := Credentials{Src: src}
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		creds.Local = addrPortOf(a)
+	}
 	if r.TLS != nil {
 		creds.PeerCertificates = r.TLS.PeerCertificates
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -65,6 +66,11 @@ type AgentSpec struct {
 	// operator's, or given at creation (see server.sandboxIDs).
 	UID uint32 `json:"uid,omitempty"`
 	GID uint32 `json:"gid,omitempty"`
+	// Remote agents run elsewhere: no namespace, no uid, no exec; they
+	// reach the explicit proxy on egress.remote_listen with a token, of
+	// which agenthold keeps the SHA-256 only (set by the server).
+	Remote    bool   `json:"remote,omitempty"`
+	TokenHash string `json:"token_hash,omitempty"`
 }
 
 // agent is a running agent: its spec, its compiled policy, its network.
@@ -215,13 +221,36 @@ func (as *agents) idsInUse() map[uint32]bool {
 	return used
 }
 
-// add registers a wired agent and saves the registry.
+// add registers a wired (or remote) agent and saves the registry.
 func (as *agents) add(a *agent) error {
 	as.mu.Lock()
 	defer as.mu.Unlock()
+	if _, ok := as.byID[a.spec.Name]; ok {
+		return fmt.Errorf("agent %q %w", a.spec.Name, errExists)
+	}
 	as.byID[a.spec.Name] = a
-	as.src[a.sb4], as.src[a.sb6] = a, a
+	if !a.spec.Remote {
+		as.src[a.sb4], as.src[a.sb6] = a, a
+	}
 	return as.saveLocked()
+}
+
+// byToken finds the remote agent name whose token this is, with its
+// policy. The hashes are compared in constant time, and an unknown agent
+// and a wrong token are told apart to no one.
+func (as *agents) byToken(name, token string) (string, *policy.Policy, error) {
+	sum := sha256.Sum256([]byte(token))
+	as.mu.RLock()
+	a := as.byID[name]
+	var want []byte
+	if a != nil && a.spec.Remote {
+		want, _ = hex.DecodeString(a.spec.TokenHash)
+	}
+	as.mu.RUnlock()
+	if len(want) != len(sum) || subtle.ConstantTimeCompare(want, sum[:]) != 1 {
+		return "", nil, errBadToken
+	}
+	return name, a.policy.Load(), nil
 }
 
 // remove forgets an agent and saves the registry.
@@ -233,8 +262,10 @@ func (as *agents) remove(name string) (*agent, error) {
 		return nil, fmt.Errorf("%w %q", errNoAgent, name)
 	}
 	delete(as.byID, name)
-	delete(as.src, a.sb4)
-	delete(as.src, a.sb6)
+	if !a.spec.Remote {
+		delete(as.src, a.sb4)
+		delete(as.src, a.sb6)
+	}
 	return a, as.saveLocked()
 }
 
@@ -254,8 +285,9 @@ func (as *agents) setPolicy(name string, spec PolicySpec, pol *policy.Policy) er
 
 // Errors the admin API maps to status codes.
 var (
-	errNoAgent = errors.New("no agent")
-	errExists  = errors.New("exists")
+	errNoAgent  = errors.New("no agent")
+	errExists   = errors.New("exists")
+	errBadToken = errors.New("unknown agent or wrong token")
 )
 
 // dataDirTag is a short hash of the data directory: the namespaces, links

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,6 +36,11 @@ type AgentInfo struct {
 	UID      uint32     `json:"uid"`
 	GID      uint32     `json:"gid"`
 	Secrets  []string   `json:"secrets,omitempty"`
+	// Remote agents: where they reach the explicit proxy, and, in the
+	// answer to their creation only, their token.
+	Remote bool   `json:"remote,omitempty"`
+	Proxy  string `json:"proxy,omitempty"`
+	Token  string `json:"token,omitempty"`
 }
 
 // SecretPut is the body of PUT /v1/secrets/{name}.
@@ -93,6 +101,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
 	mux.HandleFunc("GET /v1/presets", s.listPresets)
 	mux.HandleFunc("GET /v1/log", s.readLog)
+	mux.HandleFunc("GET /v1/ca", s.serveCA)
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
 	return mux
 }
@@ -123,6 +132,13 @@ func (s *server) info(a *agent) AgentInfo {
 		secrets = append(secrets, at.Secret+" as $"+at.Env)
 	}
 	spec := s.agents.specOf(a)
+	if spec.Remote {
+		info := AgentInfo{Name: spec.Name, Policy: spec.Policy, Secrets: secrets, Remote: true}
+		if s.cfg.Egress.RemoteListen != "" {
+			info.Proxy = "http://" + s.cfg.Egress.RemoteListen
+		}
+		return info
+	}
 	return AgentInfo{Name: spec.Name, Policy: spec.Policy, NetNS: a.ns.Name, Sandbox4: a.sb4.String(), Sandbox6: a.sb6.String(), Gateway4: a.gw4.String(), UID: a.uid, GID: a.gid, Secrets: secrets}
 }
 
@@ -141,6 +157,16 @@ func (s *server) createAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	spec.Index = -1 // allocated by the server
+	if spec.TokenHash != "" {
+		writeError(w, http.StatusBadRequest, errors.New("token_hash is the server's to set"))
+		return
+	}
+	var token string
+	if spec.Remote {
+		token = rand.Text() // 26 base32 characters: 130 bits
+		sum := sha256.Sum256([]byte(token))
+		spec.TokenHash = hex.EncodeToString(sum[:])
+	}
 	a, err := s.addAgent(r.Context(), spec)
 	if err != nil {
 		status := http.StatusBadRequest
@@ -150,7 +176,9 @@ func (s *server) createAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, s.info(a))
+	info := s.info(a)
+	info.Token = token // shown once: only its hash is kept
+	writeJSON(w, http.StatusCreated, info)
 }
 
 func (s *server) deleteAgent(w http.ResponseWriter, r *http.Request) {
@@ -205,6 +233,10 @@ func (s *server) getExecInfo(w http.ResponseWriter, r *http.Request) {
 	if a == nil {
 		return
 	}
+	if s.agents.specOf(a).Remote {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("agent %s is remote: it runs elsewhere, not here", a.spec.Name))
+		return
+	}
 	writeJSON(w, http.StatusOK, s.execInfo(a))
 }
 
@@ -224,7 +256,7 @@ func (s *server) attachSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, vaultStatus(err), err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"agent": a.Agent, "secret": a.Secret, "env": a.Env})
+	writeJSON(w, http.StatusOK, map[string]string{"agent": a.Agent, "secret": a.Secret, "env": a.Env, "placeholder": a.Placeholder})
 }
 
 func (s *server) detachSecret(w http.ResponseWriter, r *http.Request) {
@@ -344,6 +376,17 @@ func (s *server) readLog(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// serveCA serves the interception CA's certificate.
+func (s *server) serveCA(w http.ResponseWriter, _ *http.Request) {
+	pem, err := os.ReadFile(s.caPath())
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-pem-file")
+	w.Write(pem)
 }
 
 // serveMetrics serves the counters in the Prometheus text format.

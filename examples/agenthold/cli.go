@@ -36,9 +36,11 @@ func init() {
 			help: "Run the gateway (root). See agenthold.example.yaml for the configuration."},
 		{name: "demo", synopsis: "[--keep | --down]", run: cmdDemo,
 			help: "Build a world in namespaces and show the gateway at work.\n--keep leaves it running (make dev) until --down."},
-		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS] [--netns PATH] [--uid N --gid N]", run: cmdAgentCreate,
+		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS] [--netns PATH] [--uid N --gid N] [--remote]", run: cmdAgentCreate,
 			help: "Create an agent: a network namespace wired to the gateway, and a policy.\n" +
 				"--netns adopts an existing namespace (a container's) instead of creating one.\n" +
+				"--remote makes an agent for a sandbox on another machine: no namespace here, and a token it\n" +
+				"presents to the explicit proxy on egress.remote_listen (shown once).\n" +
 				"exec runs its commands as --uid/--gid, by default sandbox.uid_base plus its network index.\n" +
 				"Example: agenthold agent create alice --mode allowlist --allow github.com --allow '*.npmjs.org'"},
 		{name: "agent list", synopsis: "[--json]", run: cmdAgentList,
@@ -75,6 +77,8 @@ func init() {
 			help: "Print the request log (the newest egress.log_keep records per agent, kept in memory)."},
 		{name: "metrics", synopsis: "", run: cmdMetrics,
 			help: "Print the Prometheus counters."},
+		{name: "ca", synopsis: "", run: cmdCA,
+			help: "Print the gateway's CA certificate (PEM), which a remote agent's machine trusts for intercepted hosts."},
 	}
 }
 
@@ -214,6 +218,7 @@ func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
 func cmdAgentCreate(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	pol := policyFlags(fs, "open")
 	ns := fs.String("netns", "", "adopt this network namespace (under /run/netns) instead of creating one")
+	remote := fs.Bool("remote", false, "a sandbox on another machine: no namespace here; it gets a token for egress.remote_listen")
 	uid := fs.Uint("uid", 0, "the uid exec runs the agent's commands as (default: sandbox.uid_base + index)")
 	gid := fs.Uint("gid", 0, "the gid exec runs the agent's commands as (default: sandbox.uid_base + index)")
 	pos, err := parse(fs, args, 1)
@@ -224,9 +229,19 @@ func cmdAgentCreate(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		return usagef("agent create: --uid and --gid must be below 2^31")
 	}
 	var info AgentInfo
-	spec := AgentSpec{Name: pos[0], NetNS: *ns, Policy: pol(), UID: uint32(*uid), GID: uint32(*gid)}
+	spec := AgentSpec{Name: pos[0], NetNS: *ns, Policy: pol(), UID: uint32(*uid), GID: uint32(*gid), Remote: *remote}
 	if err := env.client().do("POST", "/v1/agents", spec, &info); err != nil {
 		return err
+	}
+	if info.Remote {
+		fmt.Printf("agent %s created, remote: policy %s\n", info.Name, policyText(info.Policy))
+		fmt.Printf("  its token, shown this once (agenthold keeps only its hash): %s\n", info.Token)
+		if info.Proxy != "" {
+			fmt.Printf("  on its machine: HTTPS_PROXY=http://%s:%s@%s, trusting the gateway's CA (agenthold ca)\n", info.Name, info.Token, strings.TrimPrefix(info.Proxy, "http://"))
+		} else {
+			fmt.Println("  egress.remote_listen is not set: remote agents cannot connect until it is")
+		}
+		return nil
 	}
 	fmt.Printf("agent %s created: sandbox %s (%s), namespace %s, uid %d gid %d, policy %s\n",
 		info.Name, info.Sandbox4, info.Sandbox6, info.NetNS, info.UID, info.GID, policyText(info.Policy))
@@ -413,10 +428,11 @@ func cmdSecretAttach(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	if *envVar == "" {
 		return usagef("secret attach needs --env VAR")
 	}
-	if err := env.client().do("POST", agentPath(pos[0], "secrets"), AttachRequest{Secret: pos[1], Env: *envVar}, nil); err != nil {
+	var out map[string]string
+	if err := env.client().do("POST", agentPath(pos[0], "secrets"), AttachRequest{Secret: pos[1], Env: *envVar}, &out); err != nil {
 		return err
 	}
-	fmt.Printf("%s: $%s now holds a placeholder for %s\n", pos[0], *envVar, pos[1])
+	fmt.Printf("%s: $%s now holds %s, the placeholder for %s\n", pos[0], *envVar, out["placeholder"], pos[1])
 	return nil
 }
 
@@ -465,6 +481,19 @@ func cmdMetrics(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	resp, err := env.client().get("/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(os.Stdout, resp.Body)
+	return err
+}
+
+func cmdCA(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	resp, err := env.client().get("/v1/ca")
 	if err != nil {
 		return err
 	}

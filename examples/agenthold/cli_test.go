@@ -50,6 +50,8 @@ func fakeAdmin(t *testing.T) (string, *atomic.Int32) {
 			json.NewEncoder(w).Encode([]AgentInfo{{Name: "alice", UID: 200000}})
 		case r.Method == "GET":
 			w.Write([]byte("{}"))
+		case r.Method == "POST" && strings.HasSuffix(r.URL.Path, "/secrets"):
+			w.Write([]byte(`{"placeholder":"agenthold-placeholder-1"}`))
 		default:
 			w.WriteHeader(http.StatusNoContent)
 		}
@@ -111,7 +113,7 @@ func TestStateChangesSayWhatChanged(t *testing.T) {
 		{[]string{"agent", "delete", "alice"}, "agent alice deleted"},
 		{[]string{"policy", "set", "alice", "--allow", "github.com"}, "agent alice: policy now allowlist github.com"},
 		{[]string{"secret", "delete", "gh"}, "secret gh deleted"},
-		{[]string{"secret", "attach", "alice", "gh", "--env", "GH"}, "alice: $GH now holds a placeholder for gh"},
+		{[]string{"secret", "attach", "alice", "gh", "--env", "GH"}, "alice: $GH now holds agenthold-placeholder-1, the placeholder for gh"},
 		{[]string{"secret", "detach", "alice", "gh"}, "alice: secret gh detached"},
 	} {
 		var code int

@@ -42,6 +42,7 @@ type EgressConfig struct {
 	LogKeep        int             `yaml:"log_keep"`
 	LogFile        string          `yaml:"log_file"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
+	RemoteListen   string          `yaml:"remote_listen"`
 	PublicPrefixes []string        `yaml:"public_prefixes"`
 	NeverPrefixes  []string        `yaml:"never_prefixes"`
 	UpstreamRoots  string          `yaml:"upstream_roots"`
@@ -190,6 +191,15 @@ func (c *Config) validate() error {
 			return fmt.Errorf("config: %s and %s are both %d", key, other, p)
 		}
 		seen[p] = key
+	}
+	if c.Egress.RemoteListen != "" {
+		ap, err := netip.ParseAddrPort(c.Egress.RemoteListen)
+		if err != nil || ap.Port() == 0 {
+			return fmt.Errorf("config: egress.remote_listen: %q is not an address:port", c.Egress.RemoteListen)
+		}
+		if other, ok := seen[ap.Port()]; ok {
+			return fmt.Errorf("config: egress.remote_listen and %s are both %d", other, ap.Port())
+		}
 	}
 	if c.Egress.LogKeep <= 0 {
 		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)

@@ -34,6 +34,10 @@ type DevState struct {
 	Internet string `json:"internet_netns"`
 }
 
+// gatewayUplink is the gateway's address on the fake internet, where
+// remote agents reach it.
+const gatewayUplink = "198.18.0.2"
+
 // world is the demo's namespaces, fake internet and server.
 type world struct {
 	dir      string
@@ -112,7 +116,7 @@ func buildWorld() (w *world, err error) {
 		ns   *netns.NS
 		args []string
 	}{
-		{w.gw, []string{"addr", "add", "198.18.0.2/24", "dev", up}},
+		{w.gw, []string{"addr", "add", gatewayUplink + "/24", "dev", up}},
 		{w.gw, []string{"route", "add", "default", "via", "198.18.0.1"}},
 		{w.inet, []string{"addr", "add", "198.18.0.1/24", "dev", down}},
 		{w.inet, []string{"route", "add", "198.18.0.0/15", "dev", down}},
@@ -170,10 +174,11 @@ egress:
   public_prefixes: [198.18.0.0/15]
   upstream_roots: %s
   log_file: %s
+  remote_listen: %s:15443
 network:
   pool4: 198.19.0.0/16
   pool6: fd00:a9::/48
-`, data, w.internet.rootFile, filepath.Join(w.dir, "egress.jsonl"))
+`, data, w.internet.rootFile, filepath.Join(w.dir, "egress.jsonl"), gatewayUplink)
 	path := filepath.Join(w.dir, "agenthold.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err

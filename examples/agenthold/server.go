@@ -24,6 +24,7 @@ import (
 	"github.com/agenthold/egress/internal/serving"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
 	"github.com/agenthold/egress/tproxy/nftrules"
 	"github.com/agenthold/egress/vault"
@@ -227,7 +228,7 @@ func (s *server) startDataPlane() error {
 		s.ic.Hooks = append(s.ic.Hooks, x.Hook())
 	}
 	s.proxy = &tproxy.Proxy{
-		Agents: s.agents.lookup, Names: s.dns.Names, Guard: s.guard, Resolver: s.dns,
+		Agents: s.agents.lookup, Identify: s.identify, Names: s.dns.Names, Guard: s.guard, Resolver: s.dns,
 		Interceptor: s.ic, Log: s.elog, Logger: s.log,
 	}
 	port := func(p uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(p))) }
@@ -251,6 +252,13 @@ func (s *server) startDataPlane() error {
 		return err
 	}
 	s.servers.Go("explicit proxy", func() error { return s.proxy.ServeExplicit(explicit) }, tproxy.ErrServerClosed)
+	if s.cfg.Egress.RemoteListen != "" {
+		remote, err := tproxy.Listen("tcp", s.cfg.Egress.RemoteListen)
+		if err != nil {
+			return fmt.Errorf("egress.remote_listen: %w", err)
+		}
+		s.servers.Go("explicit proxy for remote agents", func() error { return s.proxy.ServeExplicit(remote) }, tproxy.ErrServerClosed)
+	}
 	s.rules, err = nftrules.GatewayRules{
 		Table: tableName(s.cfg.DataDir), DNSPort: s.cfg.Egress.DNSPort, ProxyPort: s.cfg.Egress.ProxyPort,
 		OpenPorts: s.cfg.openPorts(), NoNetwork: s.cfg.Egress.Disabled,
@@ -262,7 +270,8 @@ func (s *server) startDataPlane() error {
 	return nil
 }
 
-// addAgent wires an agent's network, makes its home, and registers it.
+// addAgent wires an agent's network, makes its home, and registers it; a
+// remote agent is only registered.
 func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	if !validAgentName.MatchString(spec.Name) {
 		return nil, fmt.Errorf("invalid agent name %q (lower-case letters, digits and -, at most 32)", spec.Name)
@@ -273,6 +282,19 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if spec.Remote {
+		if spec.NetNS != "" || spec.UID != 0 || spec.GID != 0 || spec.TokenHash == "" {
+			return nil, fmt.Errorf("agent %s: a remote agent has a token, and no namespace or uid", spec.Name)
+		}
+		spec.Index = -1
+		a := &agent{spec: spec}
+		a.policy.Store(pol)
+		if err := s.agents.add(a); err != nil {
+			return nil, err
+		}
+		s.log.Info("agent up", "agent", spec.Name, "remote", true)
+		return a, nil
+	}
 	// Keep a persisted index, so that a sandbox's addresses survive a
 	// restart; otherwise take the lowest free one.
 	if spec, err = s.agents.allocate(spec, poolSize(s.pool4, s.pool6)); err != nil {
@@ -372,6 +394,13 @@ func (s *server) removeAgent(name string) error {
 	if a == nil {
 		return err
 	}
+	if a.spec.Remote {
+		s.dns.ForgetAgent(name)
+		for _, at := range s.vault.Attachments(name) {
+			s.vault.Detach(name, at.Secret)
+		}
+		return err
+	}
 	if s.rules != nil {
 		s.rules.RemoveInterface(a.gwIface)
 	}
@@ -385,6 +414,22 @@ func (s *server) removeAgent(name string) error {
 		err = rmErr
 	}
 	return err
+}
+
+// identify names the agent behind an explicit-proxy request: a remote
+// agent by its token (required on egress.remote_listen), a local one by
+// its sandbox's address.
+func (s *server) identify(c tproxy.Credentials) (string, *policy.Policy, error) {
+	if c.Token != "" {
+		return s.agents.byToken(c.User, c.Token)
+	}
+	if s.cfg.Egress.RemoteListen != "" && c.Local.Port() != s.cfg.Egress.ExplicitPort {
+		return "", nil, errors.New("a token is required: Proxy-Authorization: Basic AGENT:TOKEN")
+	}
+	if name, pol, ok := s.agents.lookup(c.Src); ok {
+		return name, pol, nil
+	}
+	return "", nil, errors.New(tproxy.ReasonUnknownSource)
 }
 
 // setPolicy replaces an agent's policy; new connections and DNS queries

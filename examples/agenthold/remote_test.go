@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestRemoteAgent drives a remote agent from the fake internet's
+// namespace, which has no redirect rules: with its token it reaches what
+// its policy allows, through the gateway, with its secret injected in an
+// intercepted tunnel; with a wrong token or none it gets 407; the local
+// explicit port does not take its place, and exec refuses it.
+func TestRemoteAgent(t *testing.T) {
+	w := requireWorld(t)
+	var out strings.Builder
+	require.NoError(t, w.cli(&out, "agent", "create", "rita", "--remote", "--mode", "allowlist", "--allow", "www.example.com", "--allow", "api.anthropic.com"))
+	token := regexp.MustCompile(`only its hash\): (\S+)`).FindStringSubmatch(out.String())
+	require.Len(t, token, 2, "no token in %q", out.String())
+	assert.Contains(t, out.String(), "HTTPS_PROXY=http://rita:"+token[1]+"@"+gatewayUplink+":15443")
+	out.Reset()
+	require.NoError(t, w.cli(&out, "secret", "attach", "rita", "anthropic", "--env", "ANTHROPIC_API_KEY"))
+	placeholder := regexp.MustCompile(`holds (\S+), the placeholder`).FindStringSubmatch(out.String())
+	require.Len(t, placeholder, 2, "no placeholder in %q", out.String())
+	ca := filepath.Join(w.dir, "gateway-ca.pem")
+	caFile, err := os.Create(ca)
+	require.NoError(t, err)
+	require.NoError(t, w.cli(caFile, "ca"))
+	caFile.Close()
+
+	curl := func(proxy string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		return w.inet.Run(ctx, "curl", append([]string{"-sS", "--connect-timeout", "3", "--max-time", "10", "-x", proxy}, args...)...)
+	}
+	remote := "http://rita:" + token[1] + "@" + gatewayUplink + ":15443"
+	body, err := curl(remote, "http://www.example.com/")
+	require.NoError(t, err, "plain HTTP with the token: %s", body)
+	assert.Contains(t, body, "Example Domain")
+	body, err = curl(remote, "--cacert", ca, "-H", "x-api-key: "+placeholder[1], "https://api.anthropic.com/v1/models")
+	require.NoError(t, err, "an intercepted tunnel with the token: %s", body)
+	assert.Contains(t, body, "demo-model", "the secret was injected")
+	body, err = curl(remote, "--fail-with-body", "http://evil.example.org/")
+	assert.Error(t, err, "a host the policy does not allow")
+	assert.Contains(t, body, "egress denied: no allow entry", "a host the policy does not allow")
+
+	for name, proxy := range map[string]string{
+		"a wrong token":               "http://rita:not-the-token@" + gatewayUplink + ":15443",
+		"no token":                    "http://" + gatewayUplink + ":15443",
+		"another agent's name":        "http://alice:" + token[1] + "@" + gatewayUplink + ":15443",
+		"the token on the local port": "http://rita:" + token[1] + "@" + gatewayUplink + ":15002",
+	} {
+		body, err := curl(proxy, "--proxytunnel", "https://api.anthropic.com/v1/models")
+		require.Error(t, err, "%s: %s", name, body)
+		if name != "the token on the local port" { // the uplink never reaches the local port
+			assert.Contains(t, err.Error()+body, "407", name)
+		}
+	}
+	assert.ErrorContains(t, w.cli(io.Discard, "exec", "rita", "--", "true"), "remote")
+
+	var records strings.Builder
+	require.NoError(t, w.cli(&records, "log", "--agent", "rita", "--json", "--limit", "0"))
+	assert.Contains(t, records.String(), `"host":"api.anthropic.com"`)
+	assert.Contains(t, records.String(), `"secret":"anthropic"`)
+	require.NoError(t, w.cli(io.Discard, "agent", "delete", "rita"))
+	body, err = curl(remote, "--fail-with-body", "http://www.example.com/")
+	assert.Error(t, err, "a deleted remote agent's token still works: %s", body)
+}
