@@ -22,11 +22,13 @@ demo: deps build
 	./$(BIN) demo
 
 # Every test: the unit and kernel tests; the noisy-neighbour load test,
-# without the race detector, whose figures it reports; then the
+# without the race detector, whose figures it reports; the Kubernetes
+# manifests against the API types (a module of its own); then the
 # end-to-end check against a dev stack.
 test: deps
 	$(GO) test -race -timeout 30m ./...
 	$(GO) test -count=1 -timeout 5m -run '^TestNoisyNeighbour$$' -v ./examples/agenthold
+	cd examples/deploycheck && $(GO) test -count=1 ./...
 	$(MAKE) e2e
 
 # The seed's milestone check: start the dev stack, check it, stop it.

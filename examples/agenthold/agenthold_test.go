@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 
 	"github.com/agenthold/egress/internal/netns"
@@ -39,6 +41,36 @@ func TestExampleConfigIsTheDefault(t *testing.T) {
 	assert.Equal(t, fmt.Sprintf("%+v", defaultConfig()), fmt.Sprintf("%+v", cfg), "agenthold.example.yaml says other than the defaults")
 	assert.Equal(t, "/var/lib/agenthold/admin.sock", cfg.adminSocket(), "derived paths: admin socket")
 	assert.Equal(t, "/var/lib/agenthold/master.key", cfg.masterKeyFile(), "derived paths: master key")
+}
+
+// TestDeployConfig loads the configuration the DaemonSet's ConfigMap
+// carries, as agenthold would; deploy/ is decoded against the Kubernetes
+// API types by the module in examples/deploycheck.
+func TestDeployConfig(t *testing.T) {
+	data, err := os.ReadFile("deploy/daemonset.yaml")
+	require.NoError(t, err)
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var found bool
+	for {
+		var doc struct {
+			Kind string            `yaml:"kind"`
+			Data map[string]string `yaml:"data"`
+		}
+		if err := dec.Decode(&doc); err != nil {
+			require.ErrorIs(t, err, io.EOF)
+			break
+		}
+		if doc.Kind != "ConfigMap" {
+			continue
+		}
+		path := filepath.Join(t.TempDir(), "agenthold.yaml")
+		require.NoError(t, os.WriteFile(path, []byte(doc.Data["agenthold.yaml"]), 0o600))
+		cfg, err := loadConfig(path)
+		require.NoError(t, err, "the ConfigMap's agenthold.yaml")
+		assert.Equal(t, "/run/agenthold/admin.sock", cfg.adminSocket(), "the admin socket is on the node's /run/agenthold")
+		found = true
+	}
+	assert.True(t, found, "no ConfigMap in deploy/daemonset.yaml")
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
