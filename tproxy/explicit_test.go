@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/subtle"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -262,4 +263,48 @@ func TestProxyAuthorization(t *testing.T) {
 			assert.Equal(t, tc.token, token, "%q", tc.in)
 		}
 	}
+}
+
+// TestIdentifyByClientCertificate: an explicit proxy that listens with TLS
+// hands the client's certificate to Identify, and tunnels through the TLS
+// connection like any other.
+func TestIdentifyByClientCertificate(t *testing.T) {
+	ca := testkit.NewCA(t)
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}})
+	require.NoError(t, err)
+	w := newWorld(t, nil, func(p *Proxy) {
+		p.Identify = func(c Credentials) (string, *policy.Policy, error) {
+			if len(c.PeerCertificates) == 0 {
+				return "", nil, errors.New("a client certificate is required")
+			}
+			leaf := c.PeerCertificates[0]
+			if _, err := leaf.Verify(x509.VerifyOptions{Roots: ca.Pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+				return "", nil, err
+			}
+			return leaf.Subject.CommonName, pol, nil
+		}
+	})
+	ln := listenLoop(t, "127.0.0.1:0")
+	serverCert := ca.Issue(t, "127.0.0.1")
+	go w.proxy.ServeExplicit(tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientAuth: tls.RequireAnyClientCert}))
+	dial := func(cert []tls.Certificate) (net.Conn, *bufio.Reader, *http.Response) {
+		c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: ca.Pool, Certificates: cert})
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "CONNECT api.test:%d HTTP/1.1\r\nHost: api.test\r\n\r\n", w.tlsAddr.Port())
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		require.NoError(t, err)
+		return c, br, resp
+	}
+	c, br, resp := dial([]tls.Certificate{ca.Issue(t, "remote-7")})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, tlsGet(t, c, br, "api.test", w), w.tlsAddr.String())
+	c.Close()
+	rec := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindConnect && r.Allowed })
+	assert.Equal(t, "remote-7", rec.Agent)
+
+	other := testkit.NewCA(t) // a certificate of another authority
+	_, _, resp = dial([]tls.Certificate{other.Issue(t, "remote-7")})
+	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode)
 }
