@@ -88,19 +88,19 @@ func TestStreamsPerConnectionBounded(t *testing.T) {
 	assert.EqualValues(t, 4, handlers.peak.Load(), "requests in flight upstream from one connection")
 }
 
-// TestUpstreamConnectionsBounded: an agent's requests reuse a bounded pool
-// of upstream connections per host; beyond the agent's total, requests
-// that would need another connection are refused.
-func TestUpstreamConnectionsBounded(t *testing.T) {
+// TestUpstreamMultiplexed: an agent's requests to a host that speaks
+// HTTP/2 share one upstream connection, as streams, whatever the number
+// of its own connections to the gateway.
+func TestUpstreamMultiplexed(t *testing.T) {
 	r := newRig(t)
-	r.ic.MaxUpstreamConnsPerHost = 2
 	var held gauge
 	var mu sync.Mutex
 	conns := map[string]bool{} // upstream connections seen, by the gateway's address
+	protos := map[string]bool{}
 	release := make(chan struct{})
 	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
 		mu.Lock()
-		conns[req.RemoteAddr] = true
+		conns[req.RemoteAddr], protos[req.Proto] = true, true
 		mu.Unlock()
 		held.in()
 		defer held.out()
@@ -108,15 +108,57 @@ func TestUpstreamConnectionsBounded(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	for range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			c := r.client(r.addr, false) // a connection of its own to the gateway
 			if resp, err := c.Get("https://api.test/hold"); err == nil {
 				io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
-		}()
+		})
+	}
+	require.Eventually(t, func() bool { return held.now.Load() == 12 }, 5*time.Second, 10*time.Millisecond)
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Len(t, conns, 1, "upstream connections for 12 concurrent requests")
+	assert.Equal(t, map[string]bool{"HTTP/2.0": true}, protos)
+}
+
+// TestUpstreamConnectionsBounded: to a host that speaks only HTTP/1.1, an
+// agent's requests reuse a bounded pool of connections per host; beyond
+// the agent's total, requests that would need another are refused.
+func TestUpstreamConnectionsBounded(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxUpstreamConnsPerHost = 2
+	var held gauge
+	var mu sync.Mutex
+	conns := map[string]bool{} // upstream connections seen, by the gateway's address
+	release := make(chan struct{})
+	h1 := http.NewServeMux()
+	h1.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		mu.Lock()
+		conns[req.RemoteAddr] = true
+		mu.Unlock()
+		held.in()
+		defer held.out()
+		<-release
+	})
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: h1, TLSConfig: &tls.Config{GetCertificate: upstreamCert(r.upRoot), NextProtos: []string{"http/1.1"}}}
+	go srv.ServeTLS(ln, "", "")
+	t.Cleanup(func() { srv.Close() })
+	addr := r.serveInterceptedTo("api.test", uint16(ln.Addr().(*net.TCPAddr).Port))
+	var wg sync.WaitGroup
+	for range 12 {
+		wg.Go(func() {
+			c := r.client(addr, false) // a connection of its own to the gateway
+			if resp, err := c.Get("https://api.test/hold"); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
 	}
 	require.Eventually(t, func() bool { return held.now.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(100 * time.Millisecond) // the others would have arrived by now: they wait for a connection

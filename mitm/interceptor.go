@@ -138,7 +138,7 @@ func (i *Interceptor) transportsFor(agent string) *httpfwd.Transports {
 	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
 	var ts *httpfwd.Transports
 	ts = httpfwd.NewTransports(httpfwd.Config{
-		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs,
+		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, HTTP2: true,
 		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		Admit: func() (func(), error) {
@@ -185,7 +185,7 @@ func (i *Interceptor) timeout() time.Duration {
 func (i *Interceptor) init() {
 	i.initOnce.Do(func() {
 		i.transports = httpfwd.NewTransports(httpfwd.Config{
-			Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, MaxIdleConnsPerHost: 64,
+			Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, MaxIdleConnsPerHost: 64, HTTP2: true,
 		})
 		i.proxy = &httputil.ReverseProxy{
 			Rewrite:   i.rewrite,

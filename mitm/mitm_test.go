@@ -129,6 +129,12 @@ func newRig(t testing.TB) *rig {
 
 // serveIntercepted accepts connections and intercepts each as host.
 func (r *rig) serveIntercepted(host string) string {
+	return r.serveInterceptedTo(host, r.upPort)
+}
+
+// serveInterceptedTo is serveIntercepted for an upstream on another port
+// of 127.0.0.2.
+func (r *rig) serveInterceptedTo(host string, port uint16) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(r.t, err)
 	r.t.Cleanup(func() { ln.Close() })
@@ -140,7 +146,7 @@ func (r *rig) serveIntercepted(host string) string {
 			if err != nil {
 				return
 			}
-			go r.ic.Intercept(ctx, c, "a1", r.pol, host, r.upPort)
+			go r.ic.Intercept(ctx, c, "a1", r.pol, host, port)
 		}
 	}()
 	return ln.Addr().String()

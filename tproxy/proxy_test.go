@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -394,4 +395,33 @@ func TestECHConnectionRefused(t *testing.T) {
 	require.Equal(t, tlsAccessDenied, alert, "want an access_denied alert")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && !r.Allowed })
 	assert.Equal(t, ErrECH.Error(), r.Reason, "record %+v", r)
+}
+
+// TestNoSpeculativeDialForClaimedHosts: a transparent connection to an
+// address whose remembered name the Interceptor claims is not dialled
+// while the client is silent: the Interceptor dials on its own, and an
+// early connection would be thrown away.
+func TestNoSpeculativeDialForClaimedHosts(t *testing.T) {
+	upstream := listenLoop(t, "127.0.0.2:0")
+	var accepted atomic.Int32
+	go acceptLoop(upstream, func(c net.Conn) { accepted.Add(1); c.Close() })
+	ic := &interceptor{}
+	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.Interceptor = ic })
+	w.setNames("api.test")
+	c := w.dial(addrPortOf(upstream.Addr()))
+	time.Sleep(200 * time.Millisecond) // a speculative dial would have landed
+	assert.Zero(t, accepted.Load(), "a claimed host was dialled before the client spoke")
+	tc := tls.Client(c, &tls.Config{ServerName: "api.test", InsecureSkipVerify: true})
+	tc.SetDeadline(time.Now().Add(2 * time.Second))
+	tc.Handshake() // the fake interceptor reads and closes
+	require.Eventually(t, func() bool { ic.mu.Lock(); defer ic.mu.Unlock(); return len(ic.hosts) == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.Zero(t, accepted.Load(), "the upstream saw a connection that carried nothing")
+
+	// An unclaimed name is still dialled early (server-first protocols).
+	w.setNames("other.test")
+	w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"other.test:*"}})
+	w.proxy.Resolver.(testkit.Resolver)["other.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+	c2 := w.dial(addrPortOf(upstream.Addr()))
+	defer c2.Close()
+	require.Eventually(t, func() bool { return accepted.Load() == 1 }, 5*time.Second, 10*time.Millisecond, "an unclaimed name was not dialled early")
 }

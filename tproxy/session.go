@@ -336,6 +336,9 @@ func (s *session) run(buffered []byte) {
 		sp.target, sp.ok, sp.lazy = s.predial.target, true, true
 	default:
 		sp.target, sp.ok = s.speculative()
+		// A host the Interceptor claims is dialled by the Interceptor:
+		// a connection dialled early would be thrown away.
+		sp.lazy = sp.ok && sp.target.host != "" && s.p.Interceptor != nil && s.p.Interceptor.Claims(s.agent, sp.target.host)
 	}
 	defer sp.discard()
 
