@@ -1,14 +1,21 @@
 package mitm
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -338,4 +345,148 @@ func BenchmarkRedactedKeptAlive(b *testing.B) {
 		}
 	}
 	compare(b, "req/s", "plain", "redacted", rate(false), rate(true))
+}
+
+// TestUpstreamProcess is not a test: it is the upstream of
+// BenchmarkIdleInterceptedMemory, in a process of its own, so that its
+// connections' memory is not counted as the gateway's.
+func TestUpstreamProcess(t *testing.T) {
+	dir := os.Getenv("MITM_BENCH_UPSTREAM")
+	if dir == "" {
+		t.Skip("the upstream process of BenchmarkIdleInterceptedMemory; not run on its own")
+	}
+	ca, err := LoadOrCreateCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"), "upstream")
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	require.NoError(t, err)
+	srv := &http.Server{
+		Handler:   http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }),
+		TLSConfig: &tls.Config{GetCertificate: upstreamCert(ca), NextProtos: []string{"h2", "http/1.1"}},
+		ErrorLog:  log.New(io.Discard, "", 0),
+	}
+	go srv.ServeTLS(ln, "", "")
+	fmt.Printf("PORT %d\n", ln.Addr().(*net.TCPAddr).Port)
+	io.Copy(io.Discard, os.Stdin) // until the benchmark closes stdin or kills us
+	srv.Close()
+}
+
+// BenchmarkIdleInterceptedMemory holds b.N idle HTTP/2 connections, each
+// after one request, directly to an upstream in another process and
+// intercepted on their way to it, and reports what an intercepted
+// connection costs the gateway: its client-side TLS, its HTTP/2 server
+// state, the proxy's session, and its share of the upstream pool. The
+// clients are in this process both times, and cancel out.
+func BenchmarkIdleInterceptedMemory(b *testing.B) {
+	r := newRig(b)
+	dir := b.TempDir()
+	upRoot, err := LoadOrCreateCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"), "upstream")
+	require.NoError(b, err)
+	r.upRoot, r.ic.RootCAs = upRoot, rootPool(upRoot)
+	exe, err := os.Executable()
+	require.NoError(b, err)
+	child := exec.Command(exe, "-test.run=^TestUpstreamProcess$", "-test.count=1")
+	child.Env = append(os.Environ(), "MITM_BENCH_UPSTREAM="+dir)
+	stdout, err := child.StdoutPipe()
+	require.NoError(b, err)
+	stdin, err := child.StdinPipe()
+	require.NoError(b, err)
+	require.NoError(b, child.Start())
+	b.Cleanup(func() { stdin.Close(); child.Process.Kill(); child.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(b, err)
+	port, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "PORT ")))
+	require.NoError(b, err, "the upstream process said %q", line)
+	r.upPort = uint16(port)
+
+	intercepted := r.viaTProxy(b, true)
+	direct := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort).String()
+	hold := func(addr string) (goBytes, rssBytes float64, closeAll func()) {
+		runtime.GC()
+		goBefore, rssBefore := goMemory(), rss()
+		clients := make([]*http.Client, 0, b.N)
+		for range b.N {
+			c := r.clientProto(addr, true, true)
+			resp, err := c.Get("https://api.test/")
+			require.NoError(b, err)
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			clients = append(clients, c)
+		}
+		runtime.GC()
+		goAfter, rssAfter := goMemory(), rss()
+		return float64(goAfter) - float64(goBefore), float64(rssAfter) - float64(rssBefore), func() {
+			for _, c := range clients {
+				c.CloseIdleConnections()
+			}
+		}
+	}
+	directGo, directRSS, closeDirect := hold(direct)
+	closeDirect()
+	icGo, icRSS, closeIntercepted := hold(intercepted)
+	defer closeIntercepted()
+	n := float64(b.N) * 1024
+	b.ReportMetric((icGo-directGo)/n, "gateway-go-KiB/conn")
+	b.ReportMetric((icRSS-directRSS)/n, "gateway-rss-KiB/conn")
+}
+
+// BenchmarkSSEFirstEvent measures, b.N times, the time from sending a
+// request to the first byte of a server-sent event stream (the server
+// answers, then sends the event 1 ms later), intercepted and direct, on
+// kept-alive connections, and reports the medians and what interception
+// adds.
+func BenchmarkSSEFirstEvent(b *testing.B) {
+	r := newRig(b)
+	r.mux.HandleFunc("/events", func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		time.Sleep(time.Millisecond)
+		io.WriteString(w, "data: first\n\n")
+		http.NewResponseController(w).Flush()
+	})
+	intercepted := r.clientFor(r.viaTProxy(b, true), true)
+	direct := r.clientFor(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort).String(), true)
+	first := func(c *http.Client) time.Duration {
+		start := time.Now()
+		resp, err := c.Get("https://api.test/events")
+		require.NoError(b, err)
+		defer resp.Body.Close()
+		buf := make([]byte, 1)
+		_, err = io.ReadFull(resp.Body, buf)
+		require.NoError(b, err)
+		took := time.Since(start)
+		io.Copy(io.Discard, resp.Body)
+		return took
+	}
+	first(intercepted) // open both connections
+	first(direct)
+	var d, ic []float64
+	for range b.N {
+		d = append(d, float64(first(direct).Microseconds()))
+		ic = append(ic, float64(first(intercepted).Microseconds()))
+	}
+	b.ReportMetric(median(d), "direct-p50-µs")
+	b.ReportMetric(median(ic), "intercepted-p50-µs")
+	b.ReportMetric(median(ic)-median(d), "added-p50-µs")
+}
+
+func goMemory() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse + m.StackInuse
+}
+
+// rss returns the process's resident set size in bytes.
+func rss() uint64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseUint(strings.Fields(v)[0], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
 }

@@ -246,8 +246,7 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 		return err
 	}
 	info := &connInfo{agent: agent, pol: pol, host: host, port: port}
-	done := make(chan struct{})
-	var once sync.Once
+	ln := &oneConnListener{conn: tlsConn, closed: make(chan struct{})}
 	var active activeRequests
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -270,16 +269,15 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 		},
 		ConnState: func(_ net.Conn, s http.ConnState) {
 			if s == http.StateClosed || s == http.StateHijacked {
-				once.Do(func() { close(done) })
+				ln.Close() // Serve returns
 			}
 		},
 	}
-	ln := &oneConnListener{conn: tlsConn, closed: make(chan struct{})}
-	go srv.Serve(ln)
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
+	// Served on this goroutine, which waits for the connection anyway:
+	// one goroutine fewer per intercepted connection.
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	srv.Serve(ln)
+	stop()
 	active.closeAndWait()
 	srv.Close()
 	tlsConn.Close()

@@ -109,7 +109,8 @@ func newRig(t testing.TB) *rig {
 	a, err := r.vault.Attach("a1", "api", "API_KEY")
 	require.NoError(t, err)
 	r.ph = a.Placeholder
-	r.pol, err = policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*", "other.test:*", "broken.test:*", "selfsigned.test:*"}})
+	// No connection quota: the benchmarks open connections as fast as they can.
+	r.pol, err = policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*", "other.test:*", "broken.test:*", "selfsigned.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
 	require.NoError(t, err)
 	guard, _ := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	loop := []netip.Addr{netip.MustParseAddr("127.0.0.2")}

@@ -83,6 +83,7 @@ func BenchmarkBulkThroughput(b *testing.B) {
 		}
 	})
 	proxy := benchProxy(b, up)
+	minimal := minimalSplice(b, up)
 	for _, streams := range []int{1, 4} {
 		run := func(addr string, mib int) float64 {
 			var wg sync.WaitGroup
@@ -109,15 +110,20 @@ func BenchmarkBulkThroughput(b *testing.B) {
 			wg.Wait()
 			return float64(streams*mib) / time.Since(start).Seconds() // MiB/s
 		}
-		direct, proxied, ratio := interleave(b.N, func(n int, viaProxy bool) float64 {
-			if viaProxy {
-				return run(proxy, n)
+		via := func(relay string) func(n int, viaProxy bool) float64 {
+			return func(n int, viaProxy bool) float64 {
+				if viaProxy {
+					return run(relay, n)
+				}
+				return run(up.String(), n)
 			}
-			return run(up.String(), n)
-		})
+		}
+		direct, proxied, ratio := interleave(b.N, via(proxy))
+		_, _, minimalRatio := interleave(b.N/2, via(minimal))
 		b.ReportMetric(direct, "direct-MiB/s-"+strconv.Itoa(streams))
 		b.ReportMetric(proxied, "proxy-MiB/s-"+strconv.Itoa(streams))
 		b.ReportMetric(ratio, "ratio-"+strconv.Itoa(streams))
+		b.ReportMetric(minimalRatio, "minimal-relay-ratio-"+strconv.Itoa(streams))
 	}
 }
 
@@ -444,6 +450,23 @@ func BenchmarkTLSThroughTunnel(b *testing.B) {
 	b.ReportMetric(proxied, "tunnel-handshakes/s")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(minimalRatio, "minimal-relay-ratio")
+}
+
+// minimalSplice is the least a transparent relay can do, as a yardstick:
+// dial, then io.Copy both ways (splice(2) between TCP connections).
+func minimalSplice(b *testing.B, dst netip.AddrPort) string {
+	ln := listenLoop(b, "127.0.0.1:0")
+	go acceptLoop(ln, func(c net.Conn) {
+		defer c.Close()
+		u, err := net.Dial("tcp", dst.String())
+		if err != nil {
+			return
+		}
+		defer u.Close()
+		go func() { io.Copy(u, c); u.(*net.TCPConn).CloseWrite() }()
+		io.Copy(c, u)
+	})
+	return ln.Addr().String()
 }
 
 // minimalRelay is the least a CONNECT proxy can do, as a yardstick: read
