@@ -8,11 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// bigPolicy has 10,000 entries: 6,000 names, 2,000 wildcards and 2,000
-// prefixes, with a mix of ports.
+// bigPolicy has 10,000 entries: 5,000 names, 2,000 wildcards and 2,000
+// prefixes, with a mix of ports, and 1,000 deny entries (names, wildcards
+// and prefixes).
 func bigPolicy(b *testing.B) *Policy {
 	var allow []string
-	for i := 0; i < 6000; i++ {
+	for i := 0; i < 5000; i++ {
 		port := []string{"", ":22", ":*", ":8000-8100"}[i%4]
 		allow = append(allow, fmt.Sprintf("svc%d.host%d.example%s", i, i%97, port))
 	}
@@ -23,6 +24,16 @@ func bigPolicy(b *testing.B) *Policy {
 		bits := []int{24, 16, 28, 32}[i%4]
 		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(11 + i%50), byte(i / 50), byte(i), 0}), bits).Masked()
 		allow = append(allow, fmt.Sprintf("%s:443", p))
+	}
+	for i := 0; i < 1000; i++ {
+		switch i % 3 {
+		case 0:
+			allow = append(allow, fmt.Sprintf("!svc%d.denied%d.example", i, i%31))
+		case 1:
+			allow = append(allow, fmt.Sprintf("!*.dzone%d.example", i))
+		default:
+			allow = append(allow, fmt.Sprintf("!%d.%d.%d.0/24", 60+i%50, i/50, i%256))
+		}
 	}
 	p, err := New(Config{Mode: Allowlist, Allow: allow})
 	require.NoError(b, err)
@@ -43,7 +54,10 @@ func BenchmarkDecide10k(b *testing.B) {
 		{"miss", "nothing.here.example.com", 443, false},
 		{"port miss", "svc4001.host24.example", 443, false},
 		{"address", "11.20.232.9", 443, true},
-		{"address miss", "8.8.8.8", 443, false},
+		{"address miss", "93.184.216.34", 443, false},
+		{"deny exact", "svc3.denied3.example", 443, false},
+		{"deny wildcard", "a.dzone1.example", 443, false},
+		{"deny address", "62.0.2.9", 443, false},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

@@ -21,6 +21,10 @@ import (
 //	  - "*.npmjs.org"
 //	  - 203.0.113.0/24:443
 //	allow-private-networks: false # or allowPrivateNetworks
+//	deny:                         # wins over allow entries and open mode;
+//	  - pastebin.com              # no port: every port (also "!pastebin.com" in allow)
+//	  - "*.ngrok.io"
+//	doh-endpoints: [doh.example]  # added to the built-in DNS-over-HTTPS list
 //	report: false                 # dry run: log what enforce would deny
 //	quotas:                       # per agent; 0 or absent: the default, -1: none
 //	  connections-per-second: 500
@@ -41,6 +45,8 @@ type Document struct {
 	AllowPrivateAlias    *bool    `yaml:"allowPrivateNetworks" json:"allowPrivateNetworks,omitempty"`
 	Report               bool     `yaml:"report" json:"report,omitempty"`
 	Quotas               Quotas   `yaml:"quotas" json:"quotas,omitempty"`
+	Deny                 []string `yaml:"deny" json:"deny,omitempty"`
+	DoHEndpoints         []string `yaml:"doh-endpoints" json:"doh-endpoints,omitempty"`
 }
 
 // Reasons for the deny-all policies that Parse and Load return.
@@ -92,6 +98,8 @@ func (d *Document) Compile() (*Policy, error) {
 		AllowPrivateNetworks: allowPrivate != nil && *allowPrivate,
 		Report:               d.Report,
 		Quotas:               d.Quotas,
+		Deny:                 d.Deny,
+		DoHEndpoints:         d.DoHEndpoints,
 	})
 }
 

@@ -19,10 +19,23 @@ var (
 	anyPort      = []portRange{{0, 65535}}
 )
 
-// rule is one compiled allow entry: the text as written and its ports.
+// rule is one compiled entry: the text as written and its ports, and
+// the address when the entry is one address.
 type rule struct {
 	text  string
 	ports []portRange
+	addr  netip.Addr
+}
+
+// namesPort reports whether the rule names port by itself (not within a
+// range or "*").
+func (r *rule) namesPort(port uint16) bool {
+	for _, pr := range r.ports {
+		if pr.lo == port && pr.hi == port {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *rule) allowsPort(port uint16) bool {
@@ -127,7 +140,7 @@ func parseEntryText(s string) (entry, error) {
 	}
 	if a, err := netguard.ParseLiteral(host); err == nil {
 		a = a.WithZone("").Unmap()
-		return entry{kind: kindPrefix, prefix: netip.PrefixFrom(a, a.BitLen()), rule: rule{ports: ports}}, nil
+		return entry{kind: kindPrefix, prefix: netip.PrefixFrom(a, a.BitLen()), rule: rule{ports: ports, addr: a}}, nil
 	} else if !errors.Is(err, netguard.ErrNotLiteral) {
 		return entry{}, unprefixed(err)
 	}
@@ -136,6 +149,24 @@ func parseEntryText(s string) (entry, error) {
 		return entry{}, unprefixed(err)
 	}
 	return entry{kind: kindName, name: name, rule: rule{ports: ports}}, nil
+}
+
+// compileDenyEntry parses a deny entry (written without its "!"): the
+// forms of an allow entry, every port when none is given; "*" is not one
+// (a policy that denies everything is mode deny).
+func compileDenyEntry(s string) (entry, error) {
+	e, err := compileEntry(s)
+	if err != nil {
+		return entry{}, &EntryError{Entry: "!" + s, Reason: err.(*EntryError).Reason}
+	}
+	if e.kind == kindAny {
+		return entry{}, &EntryError{Entry: "!" + s, Reason: `a deny entry cannot be "*": use mode deny`}
+	}
+	if _, port, _ := splitEntry(strings.TrimSpace(s)); port == "" {
+		e.rule.ports = anyPort
+	}
+	e.rule.text = "!" + e.rule.text // as a Decision's Rule names it
+	return e, nil
 }
 
 // looksLikeURL reports whether an entry was written as a URL: a scheme,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/agenthold/egress/internal/hostname"
@@ -53,7 +54,15 @@ func ParseMode(s string) (Mode, error) {
 // with no entry: it allows nothing.
 type Config struct {
 	Mode  Mode     // zero means Allowlist
-	Allow []string // allow entries; see New for the forms
+	Allow []string // allow entries, and deny entries written "!entry"; see New for the forms
+	// Deny entries, in the forms of allow entries: a deny entry wins over
+	// every allow entry and over open mode. Without a port, it denies
+	// every port.
+	Deny []string
+	// DoHEndpoints add names and addresses to the built-in list of public
+	// DNS-over-HTTPS resolvers (KnownDoHEndpoints), which only an entry
+	// that names them exactly allows.
+	DoHEndpoints []string
 	// AllowPrivateNetworks lets destinations in the private tier (RFC 1918,
 	// unique local IPv6, CGNAT) be dialled. It never lifts the never tier.
 	AllowPrivateNetworks bool
@@ -75,6 +84,9 @@ const (
 	ReasonNoPolicy      = "no policy"
 	ReasonDenyAll       = "policy denies all"
 	ReasonUnknownMode   = "policy has an unknown mode"
+	ReasonDenyEntry     = "a deny entry matches"
+	ReasonDoT           = "DNS over TLS (port 853) needs an allow entry that names port 853"
+	ReasonDoH           = "a public DNS-over-HTTPS resolver needs an allow entry that names it exactly"
 )
 
 // Decision is the answer to "may this agent reach this destination". The
@@ -106,13 +118,102 @@ type Policy struct {
 	mode         Mode
 	allowPrivate bool
 	report       bool
-	denyReason   string            // for DenyAll: why
-	exact        map[string][]rule // name → rules
-	wildcard     map[string][]rule // suffix → rules for its subdomains
-	any          []rule            // "*" entries
-	prefixes     *netguard.PrefixMap[[]rule]
+	denyReason   string // for DenyAll: why
+	names        map[string]*nameRules // a name, or a suffix for its subdomains
+	denyWild     bool                  // some deny entry is a wildcard
+	allow        ruleSet
+	deny         ruleSet
+	doh          map[string]bool     // DoH resolvers' names
+	dohAddrs     map[netip.Addr]bool // and addresses
 	size         int
 	quotas       Quotas // defaults resolved
+}
+
+// nameRules are the entries for one name: those for the name itself,
+// and the wildcards for its subdomains, allow and deny alike, so that one
+// lookup per label of a name finds them all.
+type nameRules struct {
+	allowExact, allowWild, denyExact, denyWild []rule
+}
+
+// ruleSet is the address and "*" entries of one kind, allow or deny.
+type ruleSet struct {
+	any      []rule // "*" entries
+	prefixes *netguard.PrefixMap[[]rule]
+	pending  []netguard.PrefixEntry[[]rule] // while compiling
+}
+
+// add indexes an entry: names in p.names, the rest in the ruleSet of
+// its kind.
+func (p *Policy) add(e entry, deny bool) {
+	rs := &p.allow
+	if deny {
+		rs = &p.deny
+	}
+	switch e.kind {
+	case kindName, kindWildcard:
+		nr := p.names[e.name]
+		if nr == nil {
+			nr = &nameRules{}
+			p.names[e.name] = nr
+		}
+		switch {
+		case e.kind == kindName && deny:
+			nr.denyExact = append(nr.denyExact, e.rule)
+		case e.kind == kindName:
+			nr.allowExact = append(nr.allowExact, e.rule)
+		case deny:
+			nr.denyWild = append(nr.denyWild, e.rule)
+			p.denyWild = true
+		default:
+			nr.allowWild = append(nr.allowWild, e.rule)
+		}
+	case kindAny:
+		rs.any = append(rs.any, e.rule)
+	case kindPrefix:
+		rs.pending = append(rs.pending, netguard.PrefixEntry[[]rule]{Prefix: e.prefix, Value: []rule{e.rule}})
+	}
+}
+
+// seal builds the prefix map: a prefix's rules include those of every
+// prefix around it, the most specific first, so one lookup finds every
+// rule for an address.
+func (rs *ruleSet) seal() {
+	rs.prefixes = netguard.NewPrefixMap(rs.pending, func(outer, inner []rule) []rule {
+		return append(append(make([]rule, 0, len(inner)+len(outer)), inner...), outer...)
+	})
+	rs.pending = nil
+}
+
+// matchAllowName finds the first allow rule for name (exact, then the
+// nearest wildcard, then "*") that m accepts.
+func (p *Policy) matchAllowName(m *matcher, name string) (Decision, bool) {
+	if nr := p.names[name]; nr != nil {
+		if d, ok := m.match(nr.allowExact); ok {
+			return d, true
+		}
+	}
+	var found Decision
+	var ok bool
+	hostname.Suffixes(name, func(suffix string) bool {
+		if nr := p.names[suffix]; nr != nil {
+			found, ok = m.match(nr.allowWild)
+		}
+		return !ok
+	})
+	if ok {
+		return found, true
+	}
+	return m.match(p.allow.any)
+}
+
+// matchAddr finds the first rule for an address (prefixes, then "*").
+func (rs *ruleSet) matchAddr(m *matcher, a netip.Addr) (Decision, bool) {
+	rules, _ := rs.prefixes.Lookup(a)
+	if d, ok := m.match(rules); ok {
+		return d, true
+	}
+	return m.match(rs.any)
 }
 
 // New compiles a policy. Every allow entry must parse; an error names the
@@ -129,8 +230,9 @@ func New(cfg Config) (*Policy, error) {
 		allowPrivate: cfg.AllowPrivateNetworks,
 		report:       cfg.Report,
 		denyReason:   ReasonDenyAll,
-		exact:        map[string][]rule{},
-		wildcard:     map[string][]rule{},
+		names:        map[string]*nameRules{},
+		doh:          map[string]bool{},
+		dohAddrs:     map[netip.Addr]bool{},
 		quotas:       cfg.Quotas.withDefaults(),
 	}
 	if err := cfg.Quotas.check(); err != nil {
@@ -141,34 +243,44 @@ func New(cfg Config) (*Policy, error) {
 	default:
 		return nil, fmt.Errorf("policy: unknown mode %v", cfg.Mode)
 	}
-	var prefixes []netguard.PrefixEntry[[]rule]
 	var errs []error
+	deny := append([]string(nil), cfg.Deny...)
 	for _, s := range cfg.Allow {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(s), "!"); ok {
+			deny = append(deny, rest)
+			continue
+		}
 		e, err := compileEntry(s)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		switch e.kind {
-		case kindName:
-			p.exact[e.name] = append(p.exact[e.name], e.rule)
-		case kindWildcard:
-			p.wildcard[e.name] = append(p.wildcard[e.name], e.rule)
-		case kindAny:
-			p.any = append(p.any, e.rule)
-		case kindPrefix:
-			prefixes = append(prefixes, netguard.PrefixEntry[[]rule]{Prefix: e.prefix, Value: []rule{e.rule}})
-		}
+		p.add(e, false)
 		p.size++
+	}
+	for _, s := range deny {
+		e, err := compileDenyEntry(s)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.add(e, true)
+		p.size++
+	}
+	for _, s := range append(slices.Clone(knownDoH), cfg.DoHEndpoints...) {
+		if a, err := netguard.ParseLiteral(s); err == nil {
+			p.dohAddrs[a.WithZone("").Unmap()] = true
+		} else if name, err := NormalizeName(s); err == nil {
+			p.doh[name] = true
+		} else {
+			errs = append(errs, &EntryError{Entry: s, Reason: "not a DNS-over-HTTPS resolver's name or address"})
+		}
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	// A prefix's rules include those of every prefix around it, the most
-	// specific first, so one lookup finds every rule for an address.
-	p.prefixes = netguard.NewPrefixMap(prefixes, func(outer, inner []rule) []rule {
-		return append(append(make([]rule, 0, len(inner)+len(outer)), inner...), outer...)
-	})
+	p.allow.seal()
+	p.deny.seal()
 	return p, nil
 }
 
@@ -247,29 +359,93 @@ func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
 	if d, done := p.modeDecision(); done {
 		return d
 	}
-	if p.mode == Open {
-		return Decision{Allowed: true, Reason: ReasonOpen}
-	}
+	// One walk of the name and its suffixes finds the deny entries, which
+	// win wherever they match, and the first (nearest) allow entry.
+	dm := matcher{port: port, anyPort: anyPort}
 	m := matcher{port: port, anyPort: anyPort, miss: Decision{Reason: ReasonNoRule}}
-	if d, ok := m.match(p.exact[name]); ok {
-		return d
-	}
-	var found Decision
-	hostname.Suffixes(name, func(suffix string) bool {
-		d, ok := m.match(p.wildcard[suffix])
-		if ok {
-			found = d
+	var d Decision
+	var ok, exact bool
+	if nr := p.names[name]; nr != nil {
+		if dd, denied := dm.match(nr.denyExact); denied {
+			return p.finish(Decision{Rule: dd.Rule, Reason: ReasonDenyEntry})
 		}
-		return !ok
-	})
-	if found.Allowed {
-		return found
+		d, ok = m.match(nr.allowExact)
+		exact = ok
 	}
-	if d, ok := m.match(p.any); ok {
+	var deny Decision
+	var denied bool
+	hostname.Suffixes(name, func(suffix string) bool {
+		if nr := p.names[suffix]; nr != nil {
+			if deny, denied = dm.match(nr.denyWild); denied {
+				return false
+			}
+			if !ok {
+				d, ok = m.match(nr.allowWild)
+			}
+		}
+		return !ok || p.denyWild
+	})
+	switch {
+	case denied:
+		return p.finish(Decision{Rule: deny.Rule, Reason: ReasonDenyEntry})
+	case p.doh[name] && !exact:
+		// A resolver that would answer any name over HTTPS: only an entry
+		// for it by name, not a wildcard, "*" or open mode, lets it in.
+		return p.finish(Decision{Rule: d.Rule, Reason: ReasonDoH})
+	case p.doh[name]:
+		return d
+	case p.mode == Open:
+		d, ok = Decision{Allowed: true, Reason: ReasonOpen}, true
+	case !ok:
+		d, ok = m.match(p.allow.any)
+	}
+	if !ok {
+		return p.finish(m.miss)
+	}
+	return p.dotCheck(d, port, anyPort, func(m *matcher) (Decision, bool) { return p.matchAllowName(m, name) })
+}
+
+// DecideDoH answers whether a DNS-over-HTTPS request (a body of type
+// application/dns-message, or a "dns" query parameter) may go to host on
+// port: only when an allow entry names host exactly, whatever a wildcard,
+// "*" or open mode say, since such a request resolves any name past the
+// gateway's DNS.
+func (p *Policy) DecideDoH(host string, port uint16) Decision {
+	name, err := hostname.Normalize(host)
+	if err != nil {
+		return Decision{Reason: ReasonInvalidHost}
+	}
+	if d, done := p.modeDecision(); done {
 		return d
 	}
-	return p.finish(m.miss)
+	m := matcher{port: port, miss: Decision{Reason: ReasonDoH}}
+	if nr := p.names[name]; nr != nil {
+		if d, ok := m.match(nr.allowExact); ok {
+			d.Name = name
+			return d
+		}
+	}
+	d := p.finish(Decision{Reason: ReasonDoH})
+	d.Name = name
+	return d
 }
+
+// dotCheck keeps port 853 (DNS over TLS) for entries that name it: an
+// allow decision for it by open mode, "*", or an entry of other ports
+// (a range, ":*") is a denial unless some entry names 853 itself.
+func (p *Policy) dotCheck(d Decision, port uint16, anyPort bool, match func(*matcher) (Decision, bool)) Decision {
+	if port != dotPort || anyPort {
+		return d
+	}
+	m := matcher{port: port, onlyExactPort: true}
+	if named, ok := match(&m); ok {
+		return named
+	}
+	return p.finish(Decision{Rule: d.Rule, Reason: ReasonDoT})
+}
+
+// dotPort is DNS over TLS's port (RFC 7858).
+const dotPort = 853
 
 // DecideAddr answers whether an address may be reached on port, by the
 // address and prefix entries and "*".
@@ -287,18 +463,32 @@ func (p *Policy) judgeAddr(a netip.Addr, port uint16) Decision {
 	if d, done := p.modeDecision(); done {
 		return d
 	}
-	if p.mode == Open {
-		return Decision{Allowed: true, Reason: ReasonOpen}
+	dm := matcher{port: port}
+	if d, ok := p.deny.matchAddr(&dm, a); ok {
+		return p.finish(Decision{Rule: d.Rule, Reason: ReasonDenyEntry})
+	}
+	if p.dohAddrs[a] {
+		// Only an entry for exactly this address lets a resolver's
+		// address in.
+		m := matcher{port: port, exactAddr: a, miss: Decision{Reason: ReasonDoH}}
+		rules, _ := p.allow.prefixes.Lookup(a)
+		if d, ok := m.match(rules); ok {
+			return d
+		}
+		return p.finish(m.miss)
 	}
 	m := matcher{port: port, miss: Decision{Reason: ReasonNoRule}}
-	rules, _ := p.prefixes.Lookup(a)
-	if d, ok := m.match(rules); ok {
-		return d
+	var d Decision
+	var ok bool
+	if p.mode == Open {
+		d, ok = Decision{Allowed: true, Reason: ReasonOpen}, true
+	} else {
+		d, ok = p.allow.matchAddr(&m, a)
 	}
-	if d, ok := m.match(p.any); ok {
-		return d
+	if !ok {
+		return p.finish(m.miss)
 	}
-	return p.finish(m.miss)
+	return p.dotCheck(d, port, false, func(m *matcher) (Decision, bool) { return p.allow.matchAddr(m, a) })
 }
 
 // modeDecision settles the decision for policies that need no matching.
@@ -327,17 +517,28 @@ func (p *Policy) finish(d Decision) Decision {
 type matcher struct {
 	port    uint16
 	anyPort bool
-	miss    Decision
+	// onlyExactPort takes only rules that name the port alone; exactAddr,
+	// when valid, only rules for exactly that address.
+	onlyExactPort bool
+	exactAddr     netip.Addr
+	miss          Decision
 }
 
 func (m *matcher) match(rules []rule) (Decision, bool) {
 	for i := range rules {
-		if m.anyPort || rules[i].allowsPort(m.port) {
-			return Decision{Allowed: true, Rule: rules[i].text, Reason: ReasonAllowedByRule}, true
+		r := &rules[i]
+		switch {
+		case m.exactAddr.IsValid() && r.addr != m.exactAddr:
+			continue
+		case m.onlyExactPort && !r.namesPort(m.port):
+			continue
 		}
-	}
-	if len(rules) > 0 && m.miss.Rule == "" {
-		m.miss = Decision{Rule: rules[0].text, Reason: ReasonPortNotListed}
+		if m.anyPort || r.allowsPort(m.port) {
+			return Decision{Allowed: true, Rule: r.text, Reason: ReasonAllowedByRule}, true
+		}
+		if m.miss.Rule == "" {
+			m.miss = Decision{Rule: r.text, Reason: ReasonPortNotListed}
+		}
 	}
 	return Decision{}, false
 }

@@ -1,0 +1,138 @@
+package policy
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestDenyEntries: a deny entry, in every form, wins over allow entries,
+// wildcards, "*" and open mode, and its reason names it.
+func TestDenyEntries(t *testing.T) {
+	must := func(cfg Config) *Policy {
+		p, err := New(cfg)
+		require.NoError(t, err)
+		return p
+	}
+	open := must(Config{Mode: Open, Deny: []string{"pastebin.com", "*.ngrok.io", "203.0.113.0/24", "ssh.example.com:22"}})
+	wild := must(Config{Allow: []string{"*.example.com", "*", "!secret.example.com", "!198.51.100.7"}})
+	for _, tc := range []struct {
+		name    string
+		p       *Policy
+		host    string
+		port    uint16
+		allowed bool
+		rule    string
+	}{
+		{"open, denied name, any port", open, "pastebin.com", 8443, false, "!pastebin.com"},
+		{"open, denied name, normalised", open, "PasteBin.com.", 443, false, "!pastebin.com"},
+		{"open, denied wildcard", open, "x.ngrok.io", 443, false, "!*.ngrok.io"},
+		{"open, wildcard leaves the apex", open, "ngrok.io", 443, true, ""},
+		{"open, denied prefix", open, "203.0.113.9", 443, false, "!203.0.113.0/24"},
+		{"open, denied prefix, mapped", open, "::ffff:203.0.113.9", 443, false, "!203.0.113.0/24"},
+		{"open, deny with a port: that port", open, "ssh.example.com", 22, false, "!ssh.example.com:22"},
+		{"open, deny with a port: others go", open, "ssh.example.com", 443, true, ""},
+		{"open, the rest", open, "github.com", 443, true, ""},
+		{"wildcard and star, denied name", wild, "secret.example.com", 443, false, "!secret.example.com"},
+		{"wildcard and star, sibling", wild, "www.example.com", 443, true, "*.example.com"},
+		{"star, denied address", wild, "198.51.100.7", 443, false, "!198.51.100.7"},
+		{"star, other address", wild, "198.51.100.8", 443, true, "*"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.p.Decide(tc.host, tc.port)
+			assert.Equal(t, tc.allowed, d.Allowed, "%+v", d)
+			if !tc.allowed {
+				assert.Equal(t, ReasonDenyEntry, d.Reason)
+				assert.Equal(t, tc.rule, d.Rule)
+			} else if tc.rule != "" {
+				assert.Equal(t, tc.rule, d.Rule)
+			}
+		})
+	}
+	// DNS: a denied name does not resolve either.
+	assert.False(t, open.DecideName("pastebin.com").Allowed)
+	assert.False(t, open.DecideName("a.ngrok.io").Allowed)
+	// Report mode marks a deny entry's denial like any other.
+	rep := must(Config{Mode: Open, Deny: []string{"pastebin.com"}, Report: true})
+	d := rep.Decide("pastebin.com", 443)
+	assert.True(t, d.Allowed && d.Report, "%+v", d)
+	assert.Equal(t, ReasonDenyEntry, d.Reason)
+}
+
+func TestDenyEntryErrors(t *testing.T) {
+	for _, bad := range []string{"*", "https://pastebin.com", "*.com", ""} {
+		_, err := New(Config{Mode: Open, Deny: []string{bad}})
+		assert.Error(t, err, "deny %q", bad)
+		_, err = New(Config{Mode: Open, Allow: []string{"!" + bad}})
+		assert.Error(t, err, "allow !%q", bad)
+	}
+	p, err := Parse([]byte("enforce: true\nmode: open\ndeny: [pastebin.com]\nallow: ['!*.ngrok.io']\n"))
+	require.NoError(t, err)
+	assert.False(t, p.Decide("pastebin.com", 443).Allowed)
+	assert.False(t, p.Decide("a.ngrok.io", 443).Allowed)
+	assert.True(t, p.Decide("github.com", 443).Allowed)
+}
+
+// TestDNSSideDoors: DNS over TLS needs an entry naming port 853, and the
+// public DoH resolvers an entry naming them exactly, whatever "*", open
+// mode or a wildcard say.
+func TestDNSSideDoors(t *testing.T) {
+	must := func(cfg Config) *Policy {
+		p, err := New(cfg)
+		require.NoError(t, err)
+		return p
+	}
+	open := must(Config{Mode: Open})
+	star := must(Config{Allow: []string{"*", "*.dns.google:*", "dot.example.net:*"}})
+	named := must(Config{Allow: []string{"dns.google", "dot.example.net:853", "8.8.8.8:443", "1.1.1.0/24"}})
+	extra := must(Config{Mode: Open, DoHEndpoints: []string{"doh.internal.example", "192.0.2.53"}})
+	for _, tc := range []struct {
+		name    string
+		p       *Policy
+		host    string
+		port    uint16
+		allowed bool
+		reason  string
+	}{
+		{"open, DoT by name", open, "dot.example.net", 853, false, ReasonDoT},
+		{"open, DoT by address", open, "93.184.216.34", 853, false, ReasonDoT},
+		{"star, DoT", star, "dot.example.net", 853, false, ReasonDoT},
+		{"star, other port", star, "dot.example.net", 443, true, ReasonAllowedByRule},
+		{"named 853", named, "dot.example.net", 853, true, ReasonAllowedByRule},
+		{"open, DoH name", open, "dns.google", 443, false, ReasonDoH},
+		{"open, DoH name, any case", open, "Cloudflare-DNS.com.", 443, false, ReasonDoH},
+		{"open, DoH address", open, "8.8.8.8", 443, false, ReasonDoH},
+		{"open, DoH address IPv6", open, "2606:4700:4700::1111", 443, false, ReasonDoH},
+		{"star and a wildcard, DoH name", star, "dns.google", 443, false, ReasonDoH},
+		{"named exactly", named, "dns.google", 443, true, ReasonAllowedByRule},
+		{"address named exactly", named, "8.8.8.8", 443, true, ReasonAllowedByRule},
+		{"address within a named prefix only", named, "1.1.1.1", 443, false, ReasonDoH},
+		{"extra name", extra, "doh.internal.example", 443, false, ReasonDoH},
+		{"extra address", extra, "192.0.2.53", 443, false, ReasonDoH},
+		{"not a resolver", open, "www.google.com", 443, true, ReasonOpen},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := tc.p.Decide(tc.host, tc.port)
+			assert.Equal(t, tc.allowed, d.Allowed, "%+v", d)
+			assert.Equal(t, tc.reason, d.Reason)
+		})
+	}
+	assert.False(t, open.DecideName("dns.google").Allowed, "a DoH resolver's name does not resolve")
+	assert.True(t, named.DecideName("dns.google").Allowed)
+	_, err := New(Config{Mode: Open, DoHEndpoints: []string{"not a name!"}})
+	assert.Error(t, err)
+	assert.Contains(t, KnownDoHEndpoints(), "dns.google")
+}
+
+func TestDecideDoH(t *testing.T) {
+	p, err := New(Config{Mode: Open, Allow: []string{"doh.example.net", "*.example.org"}})
+	require.NoError(t, err)
+	assert.True(t, p.DecideDoH("DoH.example.net.", 443).Allowed, "named exactly")
+	assert.False(t, p.DecideDoH("doh.example.net", 8443).Allowed, "named, another port")
+	for _, host := range []string{"x.example.org", "github.com", "bad host"} {
+		d := p.DecideDoH(host, 443)
+		assert.False(t, d.Allowed, host)
+	}
+	assert.Equal(t, ReasonDoH, p.DecideDoH("x.example.org", 443).Reason)
+}
