@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -255,4 +256,48 @@ func TestRequestsPerAgentBounded(t *testing.T) {
 	}
 	assert.Equal(t, 3, refused)
 	testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == ReasonAgentRequests && !rec.Allowed })
+}
+
+// TestDoHRequestsRefused: a DNS-over-HTTPS request to an intercepted host
+// the policy allows only by a wildcard is refused, in every form; naming
+// the host exactly lets it through.
+func TestDoHRequestsRefused(t *testing.T) {
+	r := newRig(t)
+	wild, err := policy.New(policy.Config{Allow: []string{"*.test:*"}})
+	require.NoError(t, err)
+	r.pol = wild
+	addr := r.serveIntercepted("api.test")
+	for _, tc := range []struct {
+		name, method, url, header, value string
+	}{
+		{"POST dns-message", "POST", "https://api.test/dns-query", "Content-Type", "application/dns-message"},
+		{"GET ?dns=", "GET", "https://api.test/dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB", "", ""},
+		{"JSON", "GET", "https://api.test/resolve?name=example.com&type=A", "Accept", "application/dns-json"},
+	} {
+		req, _ := http.NewRequest(tc.method, tc.url, strings.NewReader("\x00\x00"))
+		if tc.header != "" {
+			req.Header.Set(tc.header, tc.value)
+		}
+		resp, err := r.client(addr, false).Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode, tc.name)
+		assert.Contains(t, string(body), policy.ReasonDoH, tc.name)
+	}
+	testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == policy.ReasonDoH && !rec.Allowed })
+	// A plain request to the same host goes.
+	resp, body := r.get(r.client(addr, false), "https://api.test/plain", nil)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	// Named exactly, the resolver is the operator's choice.
+	named, err := policy.New(policy.Config{Allow: []string{"api.test:*"}})
+	require.NoError(t, err)
+	r.pol = named
+	addr = r.serveIntercepted("api.test")
+	req, _ := http.NewRequest("POST", "https://api.test/dns-query", strings.NewReader("\x00\x00"))
+	req.Header.Set("Content-Type", "application/dns-message")
+	resp, err = r.client(addr, false).Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }

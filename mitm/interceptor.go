@@ -391,6 +391,13 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(cw, "egress denied: "+d.Reason, http.StatusForbidden)
 		return
 	}
+	if httpfwd.IsDoH(r) {
+		if doh := info.pol.DecideDoH(host, info.port); !doh.Allowed {
+			rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, doh.Reason, ""
+			http.Error(cw, "egress denied: "+doh.Reason, http.StatusForbidden)
+			return
+		}
+	}
 	if !strings.EqualFold(canon, info.host) {
 		rec.Reason = ReasonHostMismatch
 	}

@@ -193,6 +193,13 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		t, d = decideAddr(pol, s.dst.Addr(), s.dst.Port())
+		if !d.Allowed && d.Reason != policy.ReasonNoRule && d.Reason != policy.ReasonPortNotListed {
+			// Refused as an address (a deny entry, a resolver, DNS over
+			// TLS): no name inside could change that.
+			rec.Rule = d.Rule
+			refuse(denied(http.StatusForbidden, d.Reason))
+			return
+		}
 	case errors.Is(err, netguard.ErrNotLiteral):
 		s.dst = netip.AddrPortFrom(netip.Addr{}, uint16(port))
 		t, d = decideName(pol, host, uint16(port))

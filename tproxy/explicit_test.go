@@ -308,3 +308,27 @@ func TestIdentifyByClientCertificate(t *testing.T) {
 	_, _, resp = dial([]tls.Certificate{other.Issue(t, "remote-7")})
 	assert.Equal(t, http.StatusProxyAuthRequired, resp.StatusCode)
 }
+
+// TestDoHOverPlainHTTPRefused: a DNS-over-HTTPS request in plain HTTP is
+// refused unless the policy names its host exactly.
+func TestDoHOverPlainHTTPRefused(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	c, err := net.Dial("tcp", w.explicit.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for _, q := range []string{"/dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB", "/plain"} {
+		fmt.Fprintf(c, "GET http://api.test:%d%s HTTP/1.1\r\nHost: api.test\r\n\r\n", w.httpAddr.Port(), q)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if strings.Contains(q, "dns=") {
+			assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+			assert.Contains(t, resp.Header.Get("Proxy-Status"), policy.ReasonDoH)
+		} else {
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+		}
+	}
+}

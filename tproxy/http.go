@@ -149,6 +149,13 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		refuse(denied(http.StatusForbidden, d.Reason))
 		return
 	}
+	if httpfwd.IsDoH(r) {
+		if doh := pol.DecideDoH(host, dst.Port()); !doh.Allowed {
+			rec.Rule = ""
+			refuse(denied(http.StatusForbidden, doh.Reason))
+			return
+		}
+	}
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	body := httpmeter.CountBody(r)
 	rp := &httputil.ReverseProxy{

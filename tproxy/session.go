@@ -87,8 +87,9 @@ func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy
 		nameDecision = d
 	}
 	if dst.Addr().IsValid() {
-		if t, d := decideAddr(pol, dst.Addr(), dst.Port()); d.Allowed {
-			return t, d
+		t, d := decideAddr(pol, dst.Addr(), dst.Port())
+		if d.Allowed || host == "" {
+			return t, d // without a name, the address's own reason
 		}
 	}
 	if host == "" && nameDecision.Reason == "" {

@@ -10,9 +10,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -175,4 +177,21 @@ func HostOnly(hostport string) string {
 		return hostport[1 : len(hostport)-1]
 	}
 	return hostport
+}
+
+// IsDoH reports whether a request looks like DNS over HTTPS: a DNS
+// message in its body or asked for (RFC 8484's application/dns-message),
+// the JSON form some resolvers speak (application/dns-json), or a "dns"
+// query parameter (RFC 8484's GET form). Such a request resolves any name
+// past the gateway's DNS.
+func IsDoH(r *http.Request) bool {
+	for _, h := range []string{r.Header.Get("Content-Type"), r.Header.Get("Accept")} {
+		for part := range strings.SplitSeq(h, ",") {
+			mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
+			if mt == "application/dns-message" || mt == "application/dns-json" {
+				return true
+			}
+		}
+	}
+	return r.URL.Query().Has("dns")
 }
