@@ -118,7 +118,7 @@ type Policy struct {
 	mode         Mode
 	allowPrivate bool
 	report       bool
-	denyReason   string // for DenyAll: why
+	denyReason   string                // for DenyAll: why
 	names        map[string]*nameRules // a name, or a suffix for its subdomains
 	denyWild     bool                  // some deny entry is a wildcard
 	allow        ruleSet
