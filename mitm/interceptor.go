@@ -528,6 +528,11 @@ func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err 
 		return
 	}
 	f := httpfwd.Describe(err)
+	if st.redact != nil {
+		// An error may quote what the upstream sent back, which may echo
+		// the request: the secret injected into it.
+		f.Why = st.redact.String(f.Why)
+	}
 	st.upstreamErr, st.refused = f.Why, f.Refused
 	http.Error(w, "egress: upstream "+st.host+": "+f.Why, http.StatusBadGateway)
 }

@@ -319,3 +319,38 @@ func (r *rig) refreshEndpoint(t *testing.T, formAnswers bool) *refreshFixture {
 	r.ic.Hooks = []Hook{hook.Hook()}
 	return x
 }
+
+// TestUpstreamErrorNeverQuotesTheSecret: an upstream that answers with
+// the request line it got (the injected secret in its query) as a
+// malformed status line makes the transport quote it in its error; the
+// 502 and the record carry the placeholder instead.
+func TestUpstreamErrorNeverQuotesTheSecret(t *testing.T) {
+	r := newRig(t)
+	ln, err := tls.Listen("tcp", "127.0.0.2:0", &tls.Config{GetCertificate: upstreamCert(r.upRoot)})
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				line, _ := bufio.NewReader(c).ReadString('\n')
+				fields := strings.Fields(line)
+				if len(fields) > 1 {
+					fmt.Fprintf(c, "HTTP/1.1 %s\r\n\r\n", fields[1]) // the path and query, as a status
+				}
+			}()
+		}
+	}()
+	addr := r.serveInterceptedTo("api.test", uint16(ln.Addr().(*net.TCPAddr).Port))
+	resp, body := r.get(r.client(addr, false), "https://api.test/x?q="+r.ph, nil)
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.Contains(t, body, "malformed", "the error is still told")
+	// Not assert.NotContains: its message would print the secret.
+	assert.False(t, strings.Contains(body, secretValue), "the 502 quotes the secret")
+	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Path == "/x" && rec.Status == http.StatusBadGateway })
+	assert.False(t, strings.Contains(rec.Reason, secretValue), "the record quotes the secret")
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -64,24 +65,28 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 	return ErrServerClosed
 }
 
-// boundExplicitConns bounds the connections to the explicit proxy each
-// source address holds open (idle, or with a request head coming): a
-// connection beyond MaxExplicitConnsPerSource, or beyond MaxConns in all,
-// is closed at once. A hijacked connection (a tunnel) is counted from
-// then on as one of its agent's connections instead.
+// boundExplicitConns bounds the connections to each explicit-proxy
+// listener that each source address holds open (idle, or with a request
+// head coming): a connection beyond MaxExplicitConnsPerSource, or beyond
+// MaxConns on that listener, is closed at once. Each listener has its own
+// bounds, so that strangers filling one (a listener for remote agents)
+// leave the others alone. A hijacked connection (a tunnel) is counted
+// from then on as one of its agent's connections instead.
 func (p *Proxy) boundExplicitConns(c net.Conn, state http.ConnState) {
 	src := addrPortOf(c.RemoteAddr()).Addr().String()
+	v, _ := p.explicitConns.LoadOrStore(c.LocalAddr().String(), new(budget.Counter))
+	open := v.(*budget.Counter)
 	switch state {
 	case http.StateNew:
-		if !p.explicitConns.Acquire(src, orDefault(p.MaxExplicitConnsPerSource, DefaultMaxExplicitConnsPerSource), orDefault(p.MaxConns, DefaultMaxConns)) {
+		if !open.Acquire(src, orDefault(p.MaxExplicitConnsPerSource, DefaultMaxExplicitConnsPerSource), orDefault(p.MaxConns, DefaultMaxConns)) {
 			p.logger().Debug("explicit proxy: too many connections from one source", "src", src)
 			reset(c)
 			return
 		}
-		p.explicitCounted.Store(c, struct{}{})
+		p.explicitCounted.Store(c, open)
 	case http.StateHijacked, http.StateClosed:
-		if _, ok := p.explicitCounted.LoadAndDelete(c); ok {
-			p.explicitConns.Release(src)
+		if counted, ok := p.explicitCounted.LoadAndDelete(c); ok {
+			counted.(*budget.Counter).Release(src)
 		}
 	}
 }
@@ -99,8 +104,21 @@ func (p *Proxy) serveExplicit(w http.ResponseWriter, r *http.Request) {
 }
 
 // identify names the agent behind an explicit-proxy request: by Identify,
-// from its credentials, or else by its source address.
+// from its credentials, or else by its source address. A source refused
+// more than a few times a second has only those refusals recorded.
 func (p *Proxy) identify(r *http.Request, src netip.Addr) (string, *policy.Policy, *answer) {
+	agent, pol, refusal := p.identifyRequest(r, src)
+	if refusal != nil {
+		refusal.unrecorded = !p.unidentified.Take(src.String(), 1, unidentifiedRecordsPerSecond, 2*unidentifiedRecordsPerSecond, time.Now())
+	}
+	return agent, pol, refusal
+}
+
+// unidentifiedRecordsPerSecond bounds the records of requests no agent
+// was found for, per source.
+const unidentifiedRecordsPerSecond = 10
+
+func (p *Proxy) identifyRequest(r *http.Request, src netip.Addr) (string, *policy.Policy, *answer) {
 	if p.Identify == nil {
 		agent, pol, ok := p.lookupAgent(src)
 		if !ok {
@@ -162,7 +180,9 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	refuse := func(a answer) {
 		rec.Reason, rec.Status, rec.Duration = a.why, a.status, time.Since(start)
 		rec.Allowed = false
-		p.record(rec)
+		if !a.unrecorded {
+			p.record(rec)
+		}
 		a.write(w)
 	}
 	host, portText, err := net.SplitHostPort(r.Host)
@@ -263,6 +283,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 		return
 	}
+	defer p.trackAgentConn(agent, conn)()
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
 	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
 	defer cancel()

@@ -47,6 +47,7 @@ func TestConnectAnswers(t *testing.T) {
 		r := p.Resolver.(testkit.Resolver)
 		r["closed.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
 		r["own.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.9")}
+		r["db.test"] = []netip.Addr{netip.MustParseAddr("10.20.30.40")}
 		p.Guard.SetOwn([]netip.Prefix{netip.MustParsePrefix("127.0.0.9/32")})
 	})
 	closedPort := freePort(t)
@@ -77,6 +78,17 @@ func TestConnectAnswers(t *testing.T) {
 		})
 	}
 
+	t.Run("the client is not told the address a name resolved to", func(t *testing.T) {
+		_, _, resp := w.connectTo("db.test:5432")
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+		assert.Contains(t, resp.Header.Get("Proxy-Status"), "error=destination_ip_prohibited")
+		assert.Contains(t, resp.Header.Get("Proxy-Status"), "private")
+		assert.NotContains(t, resp.Header.Get("Proxy-Status"), "10.20.30.40")
+		body, _ := io.ReadAll(resp.Body)
+		assert.NotContains(t, string(body), "10.20.30.40")
+		rec := w.waitRecord(func(r egresslog.Record) bool { return r.Target == "db.test:5432" })
+		assert.Contains(t, rec.Reason, "10.20.30.40", "the record has it all")
+	})
 	t.Run("a name the policy denies", func(t *testing.T) {
 		w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test"}})
 		defer w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"*"}})
@@ -222,15 +234,16 @@ func TestIdentifyByCredentials(t *testing.T) {
 	rec := w.waitRecord(func(r egresslog.Record) bool { return r.Agent == "remote" && r.Kind == egresslog.KindConnect })
 	assert.True(t, rec.Allowed)
 
-	// Plain HTTP is identified per request too.
-	c, err := net.Dial("tcp", w.explicit.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
-	br := bufio.NewReader(c)
+	// Plain HTTP is identified per request too; a 407 closes the
+	// connection.
 	for _, tc := range []struct {
 		header string
 		status int
 	}{{"", http.StatusProxyAuthRequired}, {basic("remote", "s3cret") + "\r\n", http.StatusOK}} {
+		c, err := net.Dial("tcp", w.explicit.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		br := bufio.NewReader(c)
 		fmt.Fprintf(c, "GET http://api.test:%d/ HTTP/1.1\r\nHost: api.test\r\n%s\r\n", w.httpAddr.Port(), tc.header)
 		resp, err := http.ReadResponse(br, nil)
 		require.NoError(t, err)
@@ -331,4 +344,28 @@ func TestDoHOverPlainHTTPRefused(t *testing.T) {
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 		}
 	}
+}
+
+// TestCloseAgent: an agent's open tunnels and transparent connections end
+// when the agent is closed; another agent's do not.
+func TestCloseAgent(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, nil)
+	c, br, resp := w.connectTo(fmt.Sprintf("api.test:%d", w.echoAddr.Port()))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	w.setNames("api.test")
+	tc := w.dial(w.echoAddr)
+	tc.Write([]byte("x")) // other TCP, judged by the remembered name
+	time.Sleep(100 * time.Millisecond)
+	w.proxy.CloseAgent("nobody")
+	w.proxy.CloseAgent("a1")
+	for name, conn := range map[string]io.Reader{"the tunnel": br, "the transparent connection": tc} {
+		done := make(chan error, 1)
+		go func() { _, err := io.ReadAll(conn); done <- err }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			assert.Fail(t, name+" outlived its agent")
+		}
+	}
+	c.Close()
 }

@@ -96,7 +96,9 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget}
 	refuse := func(a answer) {
 		rec.Allowed, rec.Reason, rec.Status, rec.Duration = false, a.why, a.status, time.Since(start)
-		p.record(rec)
+		if !a.unrecorded {
+			p.record(rec)
+		}
 		a.write(w)
 	}
 	agent, pol := f.agent, f.pol
@@ -173,7 +175,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			f := httpfwd.Describe(err)
 			a := dialAnswer(err)
-			a.why = reasonUpstreamPrefix + f.Why
+			a.why = reasonUpstreamPrefix + f.Why // without the URL
 			rec.Reason = a.why
 			rec.Allowed = !f.Refused
 			a.write(w)

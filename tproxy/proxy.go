@@ -122,10 +122,12 @@ type Proxy struct {
 	bytesUp   budget.Rates // bytes per second towards destinations, per agent
 	bytesDown budget.Rates // and back
 	relays    relaySet
-	// Connections to the explicit proxy, per source address, and which
-	// of them are counted.
-	explicitConns   budget.Counter
-	explicitCounted sync.Map // net.Conn -> struct{}
+	// Connections to the explicit proxy, per listener address (a
+	// *budget.Counter of them per source), and which are counted where.
+	explicitConns   sync.Map     // local address -> *budget.Counter
+	explicitCounted sync.Map     // net.Conn -> *budget.Counter
+	unidentified    budget.Rates // records of refused, unidentified requests, per source
+	agentConns      sync.Map     // agent -> *connSet: its sessions' client connections
 
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
@@ -307,6 +309,48 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.httpSrv.Close()
 		<-done
 		return ctx.Err()
+	}
+}
+
+// connSet is a set of connections.
+type connSet struct {
+	mu sync.Mutex
+	m  map[net.Conn]struct{}
+}
+
+// trackAgentConn remembers c as one of agent's, for CloseAgent, until
+// the returned function is called.
+func (p *Proxy) trackAgentConn(agent string, c net.Conn) (untrack func()) {
+	v, _ := p.agentConns.LoadOrStore(agent, &connSet{m: map[net.Conn]struct{}{}})
+	set := v.(*connSet)
+	set.mu.Lock()
+	set.m[c] = struct{}{}
+	set.mu.Unlock()
+	return func() {
+		set.mu.Lock()
+		delete(set.m, c)
+		set.mu.Unlock()
+	}
+}
+
+// CloseAgent closes every connection the proxy holds for agent: its
+// tunnels and its spliced and intercepted connections. Call it when an
+// agent is removed, or its credentials revoked: what it opened before
+// must not outlive it.
+func (p *Proxy) CloseAgent(agent string) {
+	v, ok := p.agentConns.Load(agent)
+	if !ok {
+		return
+	}
+	set := v.(*connSet)
+	set.mu.Lock()
+	conns := make([]net.Conn, 0, len(set.m))
+	for c := range set.m {
+		conns = append(conns, c)
+	}
+	set.mu.Unlock()
+	for _, c := range conns {
+		reset(c)
 	}
 }
 

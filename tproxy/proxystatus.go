@@ -20,10 +20,16 @@ const ProxyStatusName = "egress"
 type answer struct {
 	status  int
 	errType string // RFC 9209 proxy error type
-	why     string
+	why     string // for the record
+	// details is what the client is told, when it must be less than why:
+	// an upstream's internal address, the gateway's resolver.
+	details string
 	refused bool // a refusal (policy, guard, budget), not a failure
 	// challenge asks for credentials (407): Proxy-Authenticate.
 	challenge bool
+	// unrecorded: a source that no agent owns refused more often than
+	// its records are kept (so that strangers cannot fill the log).
+	unrecorded bool
 }
 
 // denied is a refusal by the policy or the gateway's rules.
@@ -34,15 +40,20 @@ func denied(status int, why string) answer {
 // write sends the answer: the status, a Proxy-Status field, and the
 // reason in the body.
 func (a answer) write(w http.ResponseWriter) {
-	w.Header().Set("Proxy-Status", proxyStatus(a.errType, a.why))
+	details := a.details
+	if details == "" {
+		details = a.why
+	}
+	w.Header().Set("Proxy-Status", proxyStatus(a.errType, details))
 	if a.challenge {
 		w.Header().Set("Proxy-Authenticate", `Basic realm="`+ProxyStatusName+`"`)
+		w.Header().Set("Connection", "close") // no second try on this connection
 	}
 	prefix := "egress denied: "
 	if !a.refused {
 		prefix = "egress: "
 	}
-	http.Error(w, prefix+a.why, a.status)
+	http.Error(w, prefix+details, a.status)
 }
 
 // proxyStatus is a Proxy-Status field value: this proxy, the error type,
@@ -66,29 +77,35 @@ func proxyStatus(errType, details string) string {
 	return b.String()
 }
 
-// dialAnswer says why an upstream dial failed, for the client: a refused
-// address is 403, a name that does not resolve or a connection refused is
-// 502, a timeout 504.
+// dialAnswer says why an upstream dial failed: a refused address is 403,
+// a name that does not resolve or a connection refused is 502, a timeout
+// 504. The record gets the whole error; the client, what it may know
+// (never the address a name resolved to, nor the gateway's resolver).
 func dialAnswer(err error) answer {
 	why := reasonUpstreamPrefix + err.Error()
 	var dnsErr *net.DNSError
+	var denied *netguard.DeniedError
 	switch {
+	case errors.As(err, &denied):
+		return answer{status: http.StatusForbidden, errType: "destination_ip_prohibited", why: why, refused: true,
+			details: "the destination's address is refused: " + denied.Class.Tier.String()}
 	case errors.Is(err, netguard.ErrDenied):
-		return answer{status: http.StatusForbidden, errType: "destination_ip_prohibited", why: why, refused: true}
+		return answer{status: http.StatusForbidden, errType: "destination_ip_prohibited", why: why, refused: true,
+			details: "the destination's address is refused"}
 	case errors.As(err, &dnsErr) && dnsErr.IsTimeout:
-		return answer{status: http.StatusGatewayTimeout, errType: "dns_timeout", why: why}
+		return answer{status: http.StatusGatewayTimeout, errType: "dns_timeout", why: why, details: "resolving " + dnsErr.Name + " timed out"}
 	case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
-		return answer{status: http.StatusBadGateway, errType: "destination_not_found", why: why}
+		return answer{status: http.StatusBadGateway, errType: "destination_not_found", why: why, details: dnsErr.Name + " does not resolve"}
 	case errors.As(err, &dnsErr):
-		return answer{status: http.StatusBadGateway, errType: "dns_error", why: why}
+		return answer{status: http.StatusBadGateway, errType: "dns_error", why: why, details: "resolving " + dnsErr.Name + " failed"}
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return answer{status: http.StatusBadGateway, errType: "connection_refused", why: why}
+		return answer{status: http.StatusBadGateway, errType: "connection_refused", why: why, details: "connection refused"}
 	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH):
-		return answer{status: http.StatusBadGateway, errType: "destination_ip_unroutable", why: why}
+		return answer{status: http.StatusBadGateway, errType: "destination_ip_unroutable", why: why, details: "no route to the destination"}
 	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
-		return answer{status: http.StatusGatewayTimeout, errType: "connection_timeout", why: why}
+		return answer{status: http.StatusGatewayTimeout, errType: "connection_timeout", why: why, details: "connection timed out"}
 	}
-	return answer{status: http.StatusBadGateway, errType: "destination_unavailable", why: why}
+	return answer{status: http.StatusBadGateway, errType: "destination_unavailable", why: why, details: "the destination is unavailable"}
 }
 
 // budgetAnswer is the answer to a request refused for a budget or quota.

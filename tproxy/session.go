@@ -148,6 +148,7 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 		return
 	}
 	defer release()
+	defer p.trackAgentConn(agent, c)()
 	origDst := p.OriginalDst
 	if origDst == nil {
 		origDst = OriginalDst

@@ -235,22 +235,28 @@ func (as *agents) add(a *agent) error {
 	return as.saveLocked()
 }
 
-// byToken finds the remote agent name whose token this is, with its
-// policy. The hashes are compared in constant time, and an unknown agent
-// and a wrong token are told apart to no one.
+// byToken finds the remote agent whose token this is, with its policy:
+// the one named, or, for a Bearer token (no name), any. The hashes are
+// compared in constant time, and an unknown agent and a wrong token are
+// told apart to no one.
 func (as *agents) byToken(name, token string) (string, *policy.Policy, error) {
 	sum := sha256.Sum256([]byte(token))
 	as.mu.RLock()
-	a := as.byID[name]
-	var want []byte
-	if a != nil && a.spec.Remote {
-		want, _ = hex.DecodeString(a.spec.TokenHash)
+	defer as.mu.RUnlock()
+	candidates := as.byID
+	if name != "" {
+		candidates = map[string]*agent{name: as.byID[name]}
 	}
-	as.mu.RUnlock()
-	if len(want) != len(sum) || subtle.ConstantTimeCompare(want, sum[:]) != 1 {
-		return "", nil, errBadToken
+	for _, a := range candidates {
+		if a == nil || !a.spec.Remote {
+			continue
+		}
+		want, _ := hex.DecodeString(a.spec.TokenHash)
+		if len(want) == len(sum) && subtle.ConstantTimeCompare(want, sum[:]) == 1 {
+			return a.spec.Name, a.policy.Load(), nil
+		}
 	}
-	return name, a.policy.Load(), nil
+	return "", nil, errBadToken
 }
 
 // remove forgets an agent and saves the registry.

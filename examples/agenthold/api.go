@@ -134,7 +134,10 @@ func (s *server) info(a *agent) AgentInfo {
 	spec := s.agents.specOf(a)
 	if spec.Remote {
 		info := AgentInfo{Name: spec.Name, Policy: spec.Policy, Secrets: secrets, Remote: true}
-		if s.cfg.Egress.RemoteListen != "" {
+		switch {
+		case s.cfg.Egress.RemoteListen != "" && s.cfg.Egress.RemoteTLS:
+			info.Proxy = "https://" + s.cfg.Egress.RemoteListen
+		case s.cfg.Egress.RemoteListen != "":
 			info.Proxy = "http://" + s.cfg.Egress.RemoteListen
 		}
 		return info

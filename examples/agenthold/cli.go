@@ -237,7 +237,8 @@ func cmdAgentCreate(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		fmt.Printf("agent %s created, remote: policy %s\n", info.Name, policyText(info.Policy))
 		fmt.Printf("  its token, shown this once (agenthold keeps only its hash): %s\n", info.Token)
 		if info.Proxy != "" {
-			fmt.Printf("  on its machine: HTTPS_PROXY=http://%s:%s@%s, trusting the gateway's CA (agenthold ca)\n", info.Name, info.Token, strings.TrimPrefix(info.Proxy, "http://"))
+			scheme, addr, _ := strings.Cut(info.Proxy, "://")
+			fmt.Printf("  on its machine: HTTPS_PROXY=%s://%s:%s@%s, trusting the gateway's CA (agenthold ca)\n", scheme, info.Name, info.Token, addr)
 		} else {
 			fmt.Println("  egress.remote_listen is not set: remote agents cannot connect until it is")
 		}

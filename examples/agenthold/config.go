@@ -43,6 +43,7 @@ type EgressConfig struct {
 	LogFile        string          `yaml:"log_file"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
 	RemoteListen   string          `yaml:"remote_listen"`
+	RemoteTLS      bool            `yaml:"remote_tls"`
 	PublicPrefixes []string        `yaml:"public_prefixes"`
 	NeverPrefixes  []string        `yaml:"never_prefixes"`
 	UpstreamRoots  string          `yaml:"upstream_roots"`

@@ -175,6 +175,7 @@ egress:
   upstream_roots: %s
   log_file: %s
   remote_listen: %s:15443
+  remote_tls: true
 network:
   pool4: 198.19.0.0/16
   pool6: fd00:a9::/48

@@ -22,10 +22,10 @@ import (
 func TestRemoteAgent(t *testing.T) {
 	w := requireWorld(t)
 	var out strings.Builder
-	require.NoError(t, w.cli(&out, "agent", "create", "rita", "--remote", "--mode", "allowlist", "--allow", "www.example.com", "--allow", "api.anthropic.com"))
+	require.NoError(t, w.cli(&out, "agent", "create", "rita", "--remote", "--mode", "allowlist", "--allow", "www.example.com", "--allow", "api.anthropic.com", "--allow", "slow.example.com"))
 	token := regexp.MustCompile(`only its hash\): (\S+)`).FindStringSubmatch(out.String())
 	require.Len(t, token, 2, "no token in %q", out.String())
-	assert.Contains(t, out.String(), "HTTPS_PROXY=http://rita:"+token[1]+"@"+gatewayUplink+":15443")
+	assert.Contains(t, out.String(), "HTTPS_PROXY=https://rita:"+token[1]+"@"+gatewayUplink+":15443")
 	out.Reset()
 	require.NoError(t, w.cli(&out, "secret", "attach", "rita", "anthropic", "--env", "ANTHROPIC_API_KEY"))
 	placeholder := regexp.MustCompile(`holds (\S+), the placeholder`).FindStringSubmatch(out.String())
@@ -39,9 +39,9 @@ func TestRemoteAgent(t *testing.T) {
 	curl := func(proxy string, args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		return w.inet.Run(ctx, "curl", append([]string{"-sS", "--connect-timeout", "3", "--max-time", "10", "-x", proxy}, args...)...)
+		return w.inet.Run(ctx, "curl", append([]string{"-sS", "--connect-timeout", "3", "--max-time", "10", "-x", proxy, "--proxy-cacert", ca}, args...)...)
 	}
-	remote := "http://rita:" + token[1] + "@" + gatewayUplink + ":15443"
+	remote := "https://rita:" + token[1] + "@" + gatewayUplink + ":15443"
 	body, err := curl(remote, "http://www.example.com/")
 	require.NoError(t, err, "plain HTTP with the token: %s", body)
 	assert.Contains(t, body, "Example Domain")
@@ -53,24 +53,44 @@ func TestRemoteAgent(t *testing.T) {
 	assert.Contains(t, body, "egress denied: no allow entry", "a host the policy does not allow")
 
 	for name, proxy := range map[string]string{
-		"a wrong token":               "http://rita:not-the-token@" + gatewayUplink + ":15443",
-		"no token":                    "http://" + gatewayUplink + ":15443",
-		"another agent's name":        "http://alice:" + token[1] + "@" + gatewayUplink + ":15443",
+		"a wrong token":               "https://rita:not-the-token@" + gatewayUplink + ":15443",
+		"no token":                    "https://" + gatewayUplink + ":15443",
+		"another agent's name":        "https://alice:" + token[1] + "@" + gatewayUplink + ":15443",
+		"the token in the clear":      "http://rita:" + token[1] + "@" + gatewayUplink + ":15443",
 		"the token on the local port": "http://rita:" + token[1] + "@" + gatewayUplink + ":15002",
 	} {
 		body, err := curl(proxy, "--proxytunnel", "https://api.anthropic.com/v1/models")
 		require.Error(t, err, "%s: %s", name, body)
-		if name != "the token on the local port" { // the uplink never reaches the local port
+		if name != "the token on the local port" && name != "the token in the clear" { // neither reaches an answer
 			assert.Contains(t, err.Error()+body, "407", name)
 		}
 	}
 	assert.ErrorContains(t, w.cli(io.Discard, "exec", "rita", "--", "true"), "remote")
 
+	// A Bearer token names its agent by itself.
+	body, err = curl("https://"+gatewayUplink+":15443", "--proxy-header", "Proxy-Authorization: Bearer "+token[1], "http://www.example.com/")
+	require.NoError(t, err, "Bearer: %s", body)
+	assert.Contains(t, body, "Example Domain")
+	// A sandbox that learnt the token gains nothing on its own port: it
+	// stays itself (alice may not reach slow.example.com; rita may).
+	alice := w.agentInfo(t, "alice")
+	aliceOut, err := w.inSandbox("alice", "curl -sS --max-time 5 --fail-with-body -x http://rita:"+token[1]+"@"+alice.Gateway4+":15002 http://slow.example.com/")
+	assert.Error(t, err, "a sandbox used a remote agent's token: %s", aliceOut)
+	assert.Contains(t, aliceOut, "no allow entry")
+
 	var records strings.Builder
 	require.NoError(t, w.cli(&records, "log", "--agent", "rita", "--json", "--limit", "0"))
 	assert.Contains(t, records.String(), `"host":"api.anthropic.com"`)
 	assert.Contains(t, records.String(), `"secret":"anthropic"`)
+	// Deleting the agent ends what it has open.
+	tunnel := make(chan error, 1)
+	go func() {
+		_, err := curl(remote, "--proxytunnel", "--fail-with-body", "http://slow.example.com/")
+		tunnel <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // the tunnel is open, its answer 1.5 s away
 	require.NoError(t, w.cli(io.Discard, "agent", "delete", "rita"))
+	assert.Error(t, <-tunnel, "a deleted remote agent's tunnel lived on")
 	body, err = curl(remote, "--fail-with-body", "http://www.example.com/")
 	assert.Error(t, err, "a deleted remote agent's token still works: %s", body)
 }

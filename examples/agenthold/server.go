@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -252,10 +253,17 @@ func (s *server) startDataPlane() error {
 		return err
 	}
 	s.servers.Go("explicit proxy", func() error { return s.proxy.ServeExplicit(explicit) }, tproxy.ErrServerClosed)
-	if s.cfg.Egress.RemoteListen != "" {
+	if s.cfg.Egress.RemoteListen != "" && !s.cfg.Egress.Disabled {
 		remote, err := tproxy.Listen("tcp", s.cfg.Egress.RemoteListen)
 		if err != nil {
 			return fmt.Errorf("egress.remote_listen: %w", err)
+		}
+		if s.cfg.Egress.RemoteTLS {
+			host := netip.MustParseAddrPort(s.cfg.Egress.RemoteListen).Addr().String()
+			remote = tls.NewListener(remote, &tls.Config{
+				MinVersion:     tls.VersionTLS12,
+				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.ic.Leaves.Get(host) },
+			})
 		}
 		s.servers.Go("explicit proxy for remote agents", func() error { return s.proxy.ServeExplicit(remote) }, tproxy.ErrServerClosed)
 	}
@@ -394,6 +402,7 @@ func (s *server) removeAgent(name string) error {
 	if a == nil {
 		return err
 	}
+	s.proxy.CloseAgent(name) // nothing it opened outlives it
 	if a.spec.Remote {
 		s.dns.ForgetAgent(name)
 		for _, at := range s.vault.Attachments(name) {
@@ -420,16 +429,18 @@ func (s *server) removeAgent(name string) error {
 // agent by its token (required on egress.remote_listen), a local one by
 // its sandbox's address.
 func (s *server) identify(c tproxy.Credentials) (string, *policy.Policy, error) {
-	if c.Token != "" {
-		return s.agents.byToken(c.User, c.Token)
+	if c.Local.Port() == s.cfg.Egress.ExplicitPort {
+		// The sandboxes' own port: by address only, whatever the request
+		// carries, so that no sandbox speaks as a remote agent.
+		if name, pol, ok := s.agents.lookup(c.Src); ok {
+			return name, pol, nil
+		}
+		return "", nil, errors.New(tproxy.ReasonUnknownSource)
 	}
-	if s.cfg.Egress.RemoteListen != "" && c.Local.Port() != s.cfg.Egress.ExplicitPort {
+	if c.Token == "" {
 		return "", nil, errors.New("a token is required: Proxy-Authorization: Basic AGENT:TOKEN")
 	}
-	if name, pol, ok := s.agents.lookup(c.Src); ok {
-		return name, pol, nil
-	}
-	return "", nil, errors.New(tproxy.ReasonUnknownSource)
+	return s.agents.byToken(c.User, c.Token)
 }
 
 // setPolicy replaces an agent's policy; new connections and DNS queries
