@@ -409,7 +409,7 @@ func TestNoSpeculativeDialForClaimedHosts(t *testing.T) {
 	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.Interceptor = ic })
 	w.setNames("api.test")
 	c := w.dial(addrPortOf(upstream.Addr()))
-	time.Sleep(200 * time.Millisecond) // a speculative dial would have landed
+	time.Sleep(100 * time.Millisecond) // a speculative dial would have landed (the hold is longer)
 	assert.Zero(t, accepted.Load(), "a claimed host was dialled before the client spoke")
 	tc := tls.Client(c, &tls.Config{ServerName: "api.test", InsecureSkipVerify: true})
 	tc.SetDeadline(time.Now().Add(2 * time.Second))
@@ -424,4 +424,23 @@ func TestNoSpeculativeDialForClaimedHosts(t *testing.T) {
 	c2 := w.dial(addrPortOf(upstream.Addr()))
 	defer c2.Close()
 	require.Eventually(t, func() bool { return accepted.Load() == 1 }, 5*time.Second, 10*time.Millisecond, "an unclaimed name was not dialled early")
+}
+
+// TestServerFirstToClaimedHost: a host the Interceptor claims may also
+// serve a protocol in which the server speaks first (a banner on another
+// port of a credential's host); its silent client is connected after a
+// short hold, not left waiting for the idle timeout.
+func TestServerFirstToClaimedHost(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.Interceptor = &interceptor{} })
+	w.setNames("api.test")
+	start := time.Now()
+	c := w.dial(w.bannerAddr)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err, "banner: %q", line)
+	assert.Equal(t, "SSH-2.0-test_banner\r\n", line, "banner")
+	assert.GreaterOrEqual(t, time.Since(start), claimedDialDelay, "a claimed host was dialled before its hold")
+	c.Close()
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && r.Host == "api.test" })
+	assert.True(t, r.Allowed, "record %+v", r)
 }

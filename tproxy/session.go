@@ -241,8 +241,17 @@ type speculation struct {
 	upc    <-chan readResult // its pending first read, nil once stopped
 	err    error             // the dial's error
 	early  bool              // the dial was started before the client spoke
-	lazy   bool              // dial only once the client has spoken
+	lazy   bool              // hold the dial back for claimedDialDelay
+	delay  *time.Timer       // the held-back dial's timer, while it runs
 }
+
+// claimedDialDelay is how long a silent client to a host the Interceptor
+// claims waits before the target is dialled anyway. A TLS or HTTP client
+// speaks at once, and the Interceptor dials on its own (an early
+// connection would be thrown away); a client that waits for the server to
+// speak first (SMTP, FTP, MySQL, a banner) gets its connection this much
+// later.
+const claimedDialDelay = 250 * time.Millisecond
 
 // start dials the target in the background, while the client is silent.
 func (sp *speculation) start() {
@@ -250,7 +259,13 @@ func (sp *speculation) start() {
 		sp.upc = readInto(sp.up, make([]byte, 0, 4096))
 		return
 	}
-	if !sp.ok || sp.early || sp.lazy {
+	if !sp.ok || sp.early {
+		return
+	}
+	if sp.lazy {
+		if sp.delay == nil {
+			sp.delay = time.NewTimer(claimedDialDelay)
+		}
 		return
 	}
 	s := sp.s
@@ -307,8 +322,21 @@ func (sp *speculation) dialNow() (*net.TCPConn, []byte, error) {
 	return c, nil, err
 }
 
+// delayed is the held-back dial's channel, nil (never ready) when there
+// is none.
+func (sp *speculation) delayed() <-chan time.Time {
+	if sp.delay == nil {
+		return nil
+	}
+	return sp.delay.C
+}
+
 // discard closes the speculative connection, now or when its dial ends.
 func (sp *speculation) discard() {
+	if sp.delay != nil {
+		sp.delay.Stop()
+		sp.delay = nil
+	}
 	if sp.dialc != nil {
 		go func(ch <-chan dialResult) {
 			if r := <-ch; r.conn != nil {
@@ -375,6 +403,9 @@ func (s *session) run(buffered []byte) {
 					continue
 				}
 				break wait
+			case <-sp.delayed():
+				sp.delay, sp.lazy = nil, false
+				sp.start()
 			case d := <-sp.dialc:
 				sp.dialled(d) // on failure, a TLS or HTTP client may still name another host
 			case r := <-sp.upc:

@@ -442,6 +442,7 @@ func (p *pod) as(uid int, name string, args ...string) (string, error) {
 	id := fmt.Sprint(uid)
 	all := append([]string{"netns", "exec", p.ns.Name, "setpriv", "--reuid=" + id, "--regid=" + id, "--clear-groups", name}, args...)
 	cmd := exec.CommandContext(ctx, "ip", all...)
+	cmd.WaitDelay = 5 * time.Second // a killed shell's children may hold the output open
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1")
 	out, err := cmd.CombinedOutput()
 	return string(out), err
