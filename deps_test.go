@@ -26,6 +26,7 @@ var allowedDeps = map[string][]string{
 	"internal/serving":   nil,
 	"internal/redact":    nil,
 	"internal/budget":    nil,
+	"internal/observe":   {module + "/egresslog", module + "/policy", "github.com/miekg/dns"},
 	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", "github.com/miekg/dns"},
 	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.

@@ -29,6 +29,9 @@ import (
 // demo world runs `agenthold serve`, `exec` and friends as
 // os.Executable(), which in a test is this binary.
 func TestMain(m *testing.M) {
+	if url := os.Getenv(goClientEnv); url != "" {
+		os.Exit(goClientGet(url))
+	}
 	if os.Getenv("AGENTHOLD_TEST_AS_CLI") == "1" {
 		os.Exit(run(os.Args[1:]))
 	}

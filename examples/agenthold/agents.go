@@ -25,10 +25,13 @@ import (
 
 // PolicySpec is an agent's network policy as admins set it.
 type PolicySpec struct {
-	Mode                 string    `json:"mode"` // open (default) or allowlist
-	Allow                []string  `json:"allow,omitempty"`
-	AllowPrivateNetworks bool      `json:"allow_private_networks,omitempty"`
-	Quotas               QuotaSpec `json:"quotas,omitzero"`
+	Mode                 string   `json:"mode"` // open (default) or allowlist
+	Allow                []string `json:"allow,omitempty"`
+	AllowPrivateNetworks bool     `json:"allow_private_networks,omitempty"`
+	// Report decides as the policy would but allows what it would deny,
+	// recording it (a dry run, from which `policy suggest` learns).
+	Report bool      `json:"report,omitempty"`
+	Quotas QuotaSpec `json:"quotas,omitzero"`
 }
 
 // QuotaSpec is an agent's share of the gateway (policy.Quotas): zero
@@ -51,7 +54,7 @@ func (p PolicySpec) compile() (*policy.Policy, error) {
 		}
 		mode = m
 	}
-	return policy.New(policy.Config{Mode: mode, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Quotas: policy.Quotas(p.Quotas)})
+	return policy.New(policy.Config{Mode: mode, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Report: p.Report, Quotas: policy.Quotas(p.Quotas)})
 }
 
 // AgentSpec is what agenthold keeps of an agent.

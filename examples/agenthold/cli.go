@@ -20,8 +20,10 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/observe"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/vault"
 )
@@ -52,6 +54,11 @@ func init() {
 		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS]", run: cmdPolicySet,
 			help: "Replace an agent's policy; the next connection and DNS query use it.\n" +
 				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22"},
+		{name: "policy suggest", synopsis: "AGENT [--since DURATION] [--collapse N] [--apply]", run: cmdPolicySuggest,
+			help: "Propose the smallest allowlist that covers what the agent did (run it in report mode first:\n" +
+				"policy set AGENT --mode allowlist --report). It prints the policy file and the policy set command,\n" +
+				"with how often and when each entry was used, and what was only attempted; --apply sets it.\n" +
+				"--collapse N turns N or more sibling names into one *.parent entry (never *)."},
 		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... --header NAME [--template T] [--path P]... [--mode M] [--replace-in P]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
 			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument.\n" +
 				"--template is a Go template of the header's value: {{.Value}} is the secret, and base64 is available.\n" +
@@ -205,13 +212,14 @@ func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
 	var allow stringList
 	fs.Var(&allow, "allow", "an allow entry (repeatable): github.com, *.npmjs.org, github.com:22, 203.0.113.0/24:443, *")
 	private := fs.Bool("allow-private", false, "allow private networks (RFC 1918, ULA, CGNAT)")
+	report := fs.Bool("report", false, "report mode: allow what the policy would deny, and record it (then: policy suggest)")
 	var q QuotaSpec
 	fs.Float64Var(&q.ConnectionsPerSecond, "connections-per-second", 0, fmt.Sprintf("new connections a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultConnectionsPerSecond))
 	fs.Float64Var(&q.DNSQueriesPerSecond, "dns-queries-per-second", 0, fmt.Sprintf("DNS queries a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultDNSQueriesPerSecond))
 	fs.Float64Var(&q.BytesPerSecondUp, "bytes-per-second-up", 0, "bytes a second towards destinations (0: no limit)")
 	fs.Float64Var(&q.BytesPerSecondDown, "bytes-per-second-down", 0, "bytes a second back from destinations (0: no limit)")
 	return func() PolicySpec {
-		return PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private, Quotas: q}
+		return PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private, Report: *report, Quotas: q}
 	}
 }
 
@@ -307,6 +315,92 @@ func cmdPolicySet(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	since := fs.String("since", "", "learn from records since: a duration (1h) or an RFC 3339 time (default: all kept)")
+	collapseN := fs.Int("collapse", 0, "collapse N or more sibling names into *.parent (0: never)")
+	apply := fs.Bool("apply", false, "set the suggested policy (keeping private networks and quotas)")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	agent := pos[0]
+	var current PolicySpec
+	if err := env.client().do("GET", agentPath(agent, "policy"), nil, &current); err != nil {
+		return err
+	}
+	q := url.Values{"agent": {agent}, "limit": {"0"}}
+	if *since != "" {
+		q.Set("since", *since)
+	}
+	resp, err := env.client().get("/v1/log?" + q.Encode())
+	if err != nil {
+		return err
+	}
+	obs, err := observe.Read(resp.Body, agent)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN})
+	fmt.Printf("# From %d records of %s. Each entry: uses, first and last seen.\n", len(obs), agent)
+	for _, e := range s.Used {
+		fmt.Printf("#   %-40s %5d  %s  %s\n", e.Entry, e.Count, e.FirstSeen.Format(time.RFC3339), e.LastSeen.Format(time.RFC3339))
+	}
+	for _, e := range s.Attempted {
+		fmt.Printf("# only attempted, left out: %s (%d)\n", e.Entry, e.Count)
+	}
+	next := PolicySpec{Mode: "allowlist", Allow: s.Document.Allow, AllowPrivateNetworks: current.AllowPrivateNetworks, Quotas: current.Quotas}
+	for _, e := range current.Allow {
+		if strings.HasPrefix(e, "!") {
+			next.Allow = append(next.Allow, e) // deny entries stay
+		}
+	}
+	doc, err := yaml.Marshal(struct {
+		Enforce bool     `yaml:"enforce"`
+		Mode    string   `yaml:"mode"`
+		Allow   []string `yaml:"allow"`
+	}{true, next.Mode, next.Allow})
+	if err != nil {
+		return err
+	}
+	os.Stdout.Write(doc)
+	fmt.Println("# " + policySetCommand(agent, next))
+	if !*apply {
+		return nil
+	}
+	if err := env.client().do("PUT", agentPath(agent, "policy"), next, nil); err != nil {
+		return err
+	}
+	fmt.Printf("agent %s: policy now %s\n", agent, policyText(next))
+	return nil
+}
+
+// policySetCommand is the `policy set` command line that sets p.
+func policySetCommand(agent string, p PolicySpec) string {
+	cmd := "agenthold policy set " + agent + " --mode " + p.Mode
+	for _, e := range p.Allow {
+		cmd += " --allow '" + e + "'"
+	}
+	if p.AllowPrivateNetworks {
+		cmd += " --allow-private"
+	}
+	q := p.Quotas
+	for _, f := range []struct {
+		flag  string
+		value float64
+	}{
+		{"connections-per-second", q.ConnectionsPerSecond},
+		{"dns-queries-per-second", q.DNSQueriesPerSecond},
+		{"bytes-per-second-up", q.BytesPerSecondUp},
+		{"bytes-per-second-down", q.BytesPerSecondDown},
+	} {
+		if f.value != 0 {
+			cmd += fmt.Sprintf(" --%s %g", f.flag, f.value)
+		}
+	}
+	return cmd
+}
+
 func policyText(p PolicySpec) string {
 	mode := p.Mode
 	if mode == "" {
@@ -318,6 +412,9 @@ func policyText(p PolicySpec) string {
 	}
 	if p.AllowPrivateNetworks {
 		s += " +private"
+	}
+	if p.Report {
+		s += " (report mode)"
 	}
 	q := p.Quotas
 	for _, f := range []struct {

@@ -6,6 +6,7 @@
 //	sidecar rules       (init container, root, NET_ADMIN) install the redirect
 //	sidecar serve       (native sidecar, uid 1337, no capabilities) filter and inject
 //	sidecar install-ca  (init container) write the sandbox's CA bundle
+//	sidecar suggest     propose a policy file from serve's log
 //
 // The sandbox's TCP to port 80 goes to 15001, to 443 to 15002, anything
 // else to 15003, and DNS to 15053; 15004 is the health port, never a
@@ -36,6 +37,7 @@ Usage:
                 [--log FILE] [--upstream-roots FILE]
   sidecar install-ca --bundle OUT [--base /etc/ssl/certs/ca-certificates.crt]
                 [--from http://127.0.0.1:15004/ca.pem] [--exempt-uid 1337]
+  sidecar suggest --log FILE [--collapse N]
 
 Exit codes: 0 done, 1 failed (the message says why), 2 bad usage.
 `
@@ -73,6 +75,8 @@ func dispatch(args []string) error {
 		return cmdServe(args[1:])
 	case "install-ca":
 		return cmdInstallCA(args[1:])
+	case "suggest":
+		return cmdSuggest(args[1:])
 	case "help", "-h", "--help":
 		fmt.Print(usageText)
 		return nil

@@ -278,6 +278,20 @@ func TestPodInNamespaces(t *testing.T) {
 		assert.NotContains(t, r.Host, "15004", "the health port was recorded: %+v", r)
 	}
 
+	step("suggest: a policy file of what the sandbox used, nothing it was refused")
+	out, err = p.as(0, p.self, "suggest", "--log", p.records)
+	require.NoError(t, err, "suggest: %s", out)
+	learnt, err := policy.Parse([]byte(out))
+	require.NoError(t, err, "the suggestion is not a policy file:\n%s", out)
+	for _, use := range []struct {
+		host string
+		port uint16
+	}{{"api.test", 80}, {"api.test", 443}, {"other.test", 443}, {"api.test", 2222}} {
+		assert.True(t, learnt.Decide(use.host, use.port).Allowed, "%s:%d, used, is not in the suggestion:\n%s", use.host, use.port, out)
+	}
+	assert.False(t, learnt.Decide(upstream, 80).Allowed, "an address the sandbox was refused is in the suggestion:\n%s", out)
+	assert.Contains(t, out, "only attempted, left out: "+upstream, "what was refused is not reported")
+
 	step("a stopped sidecar removes the credentials and leaves no network")
 	p.sidecar.Process.Signal(os.Interrupt)
 	p.sidecar.Wait()

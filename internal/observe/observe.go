@@ -1,0 +1,63 @@
+// Package observe turns an egress log's records into the observations
+// policy.Suggest learns an allowlist from, for the programs that hold the
+// log (agenthold) or read it back from a file (the sidecar).
+package observe
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/miekg/dns"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
+)
+
+// Of is what a record says an agent did: a DNS query, or a connection or
+// request. It succeeded if it was allowed (report mode included) and
+// carried out: a DNS answer, a connection that did not fail upstream.
+func Of(r egresslog.Record) (policy.Observation, bool) {
+	if r.Host == "" || r.Agent == "" {
+		return policy.Observation{}, false
+	}
+	o := policy.Observation{Host: r.Host, Port: r.Port, Time: r.Time, Succeeded: r.Allowed}
+	switch r.Kind {
+	case egresslog.KindDNS:
+		o.Port = 0
+		o.Succeeded = o.Succeeded && r.Status == dns.RcodeSuccess && r.Answers > 0
+	case egresslog.KindTLS, egresslog.KindTCP, egresslog.KindHTTP, egresslog.KindConnect:
+		if r.Port == 0 {
+			return policy.Observation{}, false
+		}
+		o.Succeeded = o.Succeeded && !strings.HasPrefix(r.Reason, "upstream")
+	default:
+		return policy.Observation{}, false
+	}
+	return o, true
+}
+
+// Read reads JSON-line records (egresslog's file form) and returns the
+// observations of agent's ("" for every agent's).
+func Read(r io.Reader, agent string) ([]policy.Observation, error) {
+	var out []policy.Observation
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		if len(strings.TrimSpace(sc.Text())) == 0 {
+			continue
+		}
+		rec, err := egresslog.ParseJSON(sc.Bytes())
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", line, err)
+		}
+		if agent != "" && rec.Agent != agent {
+			continue
+		}
+		if o, ok := Of(rec); ok {
+			out = append(out, o)
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,71 @@
+package policy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestSuggest(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	at := func(m int) time.Time { return t0.Add(time.Duration(m) * time.Minute) }
+	obs := []Observation{
+		{Host: "api.github.com", Port: 443, Time: at(1), Succeeded: true},
+		{Host: "API.GitHub.com.", Port: 443, Time: at(5), Succeeded: true},
+		{Host: "github.com", Port: 22, Time: at(2), Succeeded: true},
+		{Host: "github.com", Port: 443, Time: at(3), Succeeded: true},
+		{Host: "a.npmjs.org", Port: 443, Time: at(1), Succeeded: true},
+		{Host: "b.npmjs.org", Port: 443, Time: at(2), Succeeded: true},
+		{Host: "c.npmjs.org", Port: 80, Time: at(3), Succeeded: true},
+		{Host: "x.co.uk", Port: 443, Time: at(1), Succeeded: true},
+		{Host: "y.co.uk", Port: 443, Time: at(1), Succeeded: true},
+		{Host: "z.co.uk", Port: 443, Time: at(1), Succeeded: true},
+		{Host: "203.0.113.7", Port: 8443, Time: at(4), Succeeded: true},
+		{Host: "2001:db8::1", Port: 443, Time: at(4), Succeeded: true},
+		{Host: "only-resolved.example", Port: 0, Time: at(4), Succeeded: true},
+		{Host: "evil.example.org", Port: 443, Time: at(6), Succeeded: false},
+		{Host: "github.com", Port: 9418, Time: at(7), Succeeded: false}, // tried, but github.com worked otherwise
+		{Host: "not a host", Port: 443, Time: at(1), Succeeded: true},
+		{Host: "ssh.example", Port: 0, Time: at(8), Succeeded: true}, // resolved, then connected to on 22 only
+		{Host: "ssh.example", Port: 22, Time: at(8), Succeeded: true},
+	}
+	s := Suggest(obs, SuggestConfig{})
+	assert.Equal(t, []string{
+		"2001:db8::1", "203.0.113.7:8443", "a.npmjs.org", "api.github.com", "b.npmjs.org", "c.npmjs.org",
+		"github.com", "github.com:22", "only-resolved.example", "ssh.example:22", "x.co.uk", "y.co.uk", "z.co.uk",
+	}, s.Document.Allow, "a name connected to on port 22 only gets no bare entry")
+	require.Len(t, s.Attempted, 1)
+	assert.Equal(t, "evil.example.org", s.Attempted[0].Entry)
+	for _, e := range s.Used {
+		if e.Entry == "api.github.com" {
+			assert.Equal(t, 2, e.Count)
+			assert.Equal(t, at(1), e.FirstSeen)
+			assert.Equal(t, at(5), e.LastSeen)
+		}
+	}
+	// The suggestion compiles, and allows exactly what was used.
+	p, err := s.Document.Compile()
+	require.NoError(t, err)
+	for _, o := range obs[:13] {
+		if o.Port != 0 {
+			assert.True(t, p.Decide(o.Host, o.Port).Allowed, "%s:%d", o.Host, o.Port)
+		}
+	}
+	assert.False(t, p.Decide("evil.example.org", 443).Allowed)
+	assert.True(t, p.DecideName("ssh.example").Allowed, "a name's port entry lets it resolve")
+	assert.True(t, p.DecideName("only-resolved.example").Allowed)
+	assert.False(t, p.Decide("d.npmjs.org", 443).Allowed, "not collapsed unless asked")
+
+	// Collapsed: three siblings become a wildcard, never over a public
+	// suffix, never "*".
+	c := Suggest(obs, SuggestConfig{Collapse: 3})
+	assert.Contains(t, c.Document.Allow, "*.npmjs.org")
+	assert.NotContains(t, c.Document.Allow, "a.npmjs.org")
+	assert.Contains(t, c.Document.Allow, "x.co.uk", "*.co.uk is a public suffix's wildcard")
+	assert.NotContains(t, c.Document.Allow, "*")
+	pc, err := c.Document.Compile()
+	require.NoError(t, err)
+	assert.True(t, pc.Decide("d.npmjs.org", 443).Allowed)
+}
