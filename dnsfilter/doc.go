@@ -20,6 +20,13 @@
 // are cached by TTL, concurrent identical queries share one upstream
 // exchange, and every query is recorded in egresslog.
 //
+// Where the policy allows a zone wholesale (Open mode, a wide wildcard),
+// the lookups themselves could carry data out. The server counts, per
+// agent and zone, the distinct names and labels looked up and the
+// information they carry ([TunnelDetection]); beyond the bounds the
+// lookups are recorded as "suspected DNS tunnelling", and refused if the
+// operator asks. The gateway's own lookups for an agent count too.
+//
 // Typical use (ExampleServer_upstream runs it):
 //
 //	srv := &dnsfilter.Server{

@@ -31,6 +31,13 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 		return nil, &net.DNSError{Err: "unsupported network " + network, Name: host}
 	}
 	name := dns.Fqdn(strings.ToLower(host))
+	if agent := policy.AgentFrom(ctx); agent != "" {
+		// A name the gateway resolves for an agent leaves as surely as
+		// one the agent looks up itself.
+		if why := s.suspectTunnel(agent, name); why != "" && s.Tunnel.Refuse {
+			return nil, &net.DNSError{Err: why, Name: host, IsNotFound: true}
+		}
+	}
 	type result struct {
 		i     int
 		addrs []netip.Addr

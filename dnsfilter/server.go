@@ -92,8 +92,13 @@ type Server struct {
 	// of names can keep the gateway from resolving what others dial. Zero
 	// means DefaultGatewayInFlight and DefaultGatewayInFlightPerAgent.
 	GatewayInFlight, GatewayInFlightPerAgent int
+	// Tunnel tunes the detection of DNS tunnelling under permissive
+	// policies (see TunnelDetection); the zero value records suspect
+	// queries and refuses none.
+	Tunnel TunnelDetection
 
 	initOnce  sync.Once
+	tunnel    *tunnelDetector
 	cache     *cache
 	mem       *memory
 	flight    singleflight.Group
@@ -115,6 +120,7 @@ func (s *Server) init() {
 			s.cache = newCache(cmp(s.CacheSize, DefaultCacheSize))
 		}
 		s.mem = newMemory(cmpDur(s.MinTTL, DefaultMinTTL), cmpDur(s.MaxTTL, DefaultMaxTTL), cmp(s.MemoryPerAgent, DefaultMemoryPerAgent))
+		s.tunnel = newTunnelDetector(s.Tunnel)
 		s.upstreams = s.Upstreams
 		if s.upstreams == nil {
 			s.upstreams, s.upErr = SystemUpstreams()
@@ -157,6 +163,7 @@ func (s *Server) Names(agent string, addr netip.Addr) []string {
 func (s *Server) ForgetAgent(agent string) {
 	s.init()
 	s.mem.forgetAgent(agent)
+	s.tunnel.forget(agent)
 }
 
 // ListenAndServe serves DNS over UDP and TCP on addr.
@@ -383,6 +390,11 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	if !d.Allowed {
 		return blocked(resp, dns.RcodeNameError, d.Reason), rec
 	}
+	suspect := s.suspectTunnel(agent, rec.Host)
+	if suspect != "" && s.Tunnel.Refuse {
+		rec.Allowed, rec.Reason = false, suspect
+		return blocked(resp, dns.RcodeRefused, ReasonTunnel), rec
+	}
 
 	do := opt != nil && opt.Do()
 	up, age, err := s.resolve(context.Background(), asker{agent: agent}, req, q, do)
@@ -416,11 +428,25 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	if a.removed > 0 {
 		rec.Reason = a.why
 	}
+	if suspect != "" {
+		rec.Reason = suspect
+	}
 	now := time.Now()
 	for _, r := range a.addrs {
 		s.mem.remember(agent, r.addr, rec.Host, r.ttl, now)
 	}
 	return resp, rec
+}
+
+// suspectTunnel counts agent's lookup of name towards tunnelling, and
+// says why it is suspect ("" if it is not), logging when the agent's
+// lookups under the name's zone become so.
+func (s *Server) suspectTunnel(agent, name string) string {
+	sus := s.tunnel.observe(agent, name, time.Now())
+	if sus.changed {
+		s.logger().Warn(ReasonTunnel, "agent", agent, "name", name, "why", sus.why, "refused", s.Tunnel.Refuse)
+	}
+	return sus.why
 }
 
 // asker is who waits for an answer: an agent's query, or the gateway's

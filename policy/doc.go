@@ -11,6 +11,20 @@
 // judged as the address it is. An entry written as a URL is an error that
 // says entries are host[:port].
 //
+// Deny entries ("!pastebin.com", "!*.ngrok.io", "!203.0.113.0/24", or a
+// deny: list in a file) take the same forms and win over every allow
+// entry and over Open mode, so "open except these" and "these wildcards
+// except those hosts" are both expressible; the reason names the deny
+// entry. DNS side doors are closed by default: port 853 (DNS over TLS)
+// only by an entry that names it, and the well-known public
+// DNS-over-HTTPS resolvers ([KnownDoHEndpoints], extended by a Config's
+// DoHEndpoints) only by an entry naming the host or address exactly,
+// whatever "*" or Open allow.
+//
+// [Suggest] proposes the smallest allowlist that covers what an agent
+// did (typically in report mode), from its log: the names and ports it
+// used, what it only attempted apart.
+//
 // The modes are Allowlist (the zero Mode, as in a file without one), Open
 // (any public destination) and DenyAll. The zero Config, the zero Decision
 // and a nil *Policy all deny. A Decision names the canonical name or the

@@ -39,6 +39,7 @@ type EgressConfig struct {
 	ExplicitPort   uint16          `yaml:"explicit_port"`
 	DNSPort        uint16          `yaml:"dns_port"`
 	DNSUpstream    string          `yaml:"dns_upstream"`
+	DNSTunnelling  string          `yaml:"dns_tunnelling"`
 	LogKeep        int             `yaml:"log_keep"`
 	LogFile        string          `yaml:"log_file"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
@@ -93,7 +94,7 @@ func defaultConfig() Config {
 	return Config{
 		DataDir: "/var/lib/agenthold",
 		Egress: EgressConfig{
-			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, LogKeep: 5000,
+			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000,
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
 		Sandbox: SandboxConfig{UIDBase: defaultUIDBase},
@@ -201,6 +202,9 @@ func (c *Config) validate() error {
 		if other, ok := seen[ap.Port()]; ok {
 			return fmt.Errorf("config: egress.remote_listen and %s are both %d", other, ap.Port())
 		}
+	}
+	if t := c.Egress.DNSTunnelling; t != "record" && t != "refuse" {
+		return fmt.Errorf("config: egress.dns_tunnelling must be record or refuse, not %q", t)
 	}
 	if c.Egress.LogKeep <= 0 {
 		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)

@@ -219,6 +219,7 @@ func (s *server) startDataPlane() error {
 	s.log.Info("dns upstream", "servers", strings.Join(upstreams, " "), "from", from)
 	s.dns = &dnsfilter.Server{
 		Agents: s.agents.lookup, Upstreams: upstreams, Guard: s.guard, Log: s.elog, Logger: s.log,
+		Tunnel: dnsfilter.TunnelDetection{Refuse: s.cfg.Egress.DNSTunnelling == "refuse"},
 	}
 	s.ic = &mitm.Interceptor{
 		Leaves: &mitm.Leaves{CA: s.ca}, Claim: s.vault.Covers, Injector: s.vault,

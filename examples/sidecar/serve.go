@@ -106,6 +106,7 @@ func cmdServe(args []string) error {
 	upstream := fs.String("dns-upstream", "", "DNS upstream host:port (default: /etc/resolv.conf)")
 	logPath := fs.String("log", "", "also write records as JSON lines to this file")
 	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
+	tunnelling := fs.String("dns-tunnelling", "record", "lookups that look like DNS tunnelling: record, or refuse")
 	var public []netip.Prefix
 	fs.Func("public", "a prefix netguard counts as public (repeatable)", func(s string) error {
 		pr, err := netip.ParsePrefix(s)
@@ -118,6 +119,9 @@ func cmdServe(args []string) error {
 	if *policyPath == "" {
 		return usageError{"serve needs --policy FILE"}
 	}
+	if *tunnelling != "record" && *tunnelling != "refuse" {
+		return usageError{fmt.Sprintf("--dns-tunnelling must be record or refuse, not %q", *tunnelling)}
+	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -125,7 +129,8 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, *logPath, public, roots, logger)
+	tunnel := dnsfilter.TunnelDetection{Refuse: *tunnelling == "refuse"}
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, *logPath, public, roots, tunnel, logger)
 	if err != nil {
 		return err
 	}
@@ -171,7 +176,7 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, logPath string, public []netip.Prefix, roots *x509.CertPool, logger *slog.Logger) (sc *sidecar, err error) {
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, logPath string, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, logger *slog.Logger) (sc *sidecar, err error) {
 	sc = &sidecar{credPath: credPath, accepted: map[uint16]*atomic.Int64{}, servers: serving.New(ctx)}
 	defer func() {
 		if err != nil {
@@ -209,7 +214,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 	if upstream != "" {
 		upstreams = []string{upstream}
 	}
-	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger}
+	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger, Tunnel: tunnel}
 	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
 
