@@ -258,3 +258,28 @@ func BenchmarkTunnelObserve(b *testing.B) {
 		}
 	})
 }
+
+// FuzzTunnelObserve: any name, however malformed, is counted or skipped
+// without a panic, and the counters stay within their bounds.
+func FuzzTunnelObserve(f *testing.F) {
+	for _, s := range []string{"www.example.com", "a..b.example.", ".", "", "co.uk", "x.co.uk", "ÿ.example", "A.B.C.D.E.F.example"} {
+		f.Add(s)
+	}
+	d := newTunnelDetector(TunnelDetection{MaxNames: 8, MaxLabels: 8, ZonesPerAgent: 4})
+	now := time.Now()
+	f.Fuzz(func(t *testing.T, name string) {
+		d.observe("a1", name, now)
+		v, ok := d.agents.Load("a1")
+		if !ok {
+			return
+		}
+		az := v.(*agentZones)
+		az.mu.Lock()
+		defer az.mu.Unlock()
+		require.LessOrEqual(t, len(az.zones), 4, "zones tracked")
+		for zone, zc := range az.zones {
+			require.LessOrEqual(t, len(zc.names), 9, "names under %s", zone)
+			require.LessOrEqual(t, len(zc.labels), 9, "labels under %s", zone)
+		}
+	})
+}
