@@ -445,20 +445,22 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // rewrite points the request at the real host over TLS and injects the
-// agent's secrets, after ReverseProxy has removed hop-by-hop headers.
+// agent's secrets, after ReverseProxy has removed hop-by-hop headers and
+// after every other change to the request.
 func (i *Interceptor) rewrite(pr *httputil.ProxyRequest) {
 	st := stateOf(pr.In.Context())
 	pr.Out.URL.Scheme = "https"
 	pr.Out.URL.Host = net.JoinHostPort(st.host, strconv.Itoa(int(st.info.port)))
 	pr.Out.Host = pr.In.Host
-	if i.Injector != nil {
-		st.secrets, st.injectErr = i.Injector.Inject(st.info.agent, pr.Out)
-	}
 	if st.redact != nil {
 		// A body the gateway can read, and a WebSocket without
 		// compression: what cannot be read cannot be redacted.
 		pr.Out.Header.Set("Accept-Encoding", "identity")
 		pr.Out.Header.Del("Sec-WebSocket-Extensions")
+	}
+	// Last, for an injector that signs the request (AWS SigV4).
+	if i.Injector != nil {
+		st.secrets, st.injectErr = i.Injector.Inject(st.info.agent, pr.Out)
 	}
 }
 

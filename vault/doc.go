@@ -19,7 +19,13 @@
 // Login rules replace the placeholder inside the one header the client
 // sent and never add it. Refresh rules (an OAuth refresh token) are never
 // injected: only the gateway's own grant sends them (FillBody), and a
-// request that carries their placeholder elsewhere is refused. A
+// request that carries their placeholder elsewhere is refused. AWSSigV4
+// rules hold AWS credentials: the sandbox signs with the placeholder as
+// its access key ID, secret key and session token (Environment sets all
+// three), and Inject re-signs a request signed with it (Authorization
+// header or presigned query, over the same signed headers and time, with
+// AWS's own SigV4 signer); a request signed with any other key, or with
+// signed chunks the gateway cannot re-sign, is refused. A
 // path-limited rule matches only plain paths: no dot or empty segments,
 // backslashes or semicolons. A rule's hosts are names and "*." patterns,
 // as a policy's entries: a URL or a port is an error.
@@ -44,6 +50,7 @@
 //	a, err := v.Attach("agent-1", "github", "GITHUB_TOKEN") // a.Placeholder goes in the sandbox
 //	used, err := v.Inject("agent-1", outgoingRequest)       // at the gateway, in mitm
 //
-// vault imports only the standard library and golang.org/x; it knows
-// nothing of TLS interception (mitm calls Inject).
+// vault imports the standard library, golang.org/x and AWS's SigV4
+// signer (aws-sdk-go-v2 and smithy-go); it knows nothing of TLS
+// interception (mitm calls Inject).
 package vault

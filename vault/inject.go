@@ -55,7 +55,12 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 		if err != nil {
 			return used, err
 		}
-		applied, err := apply(r, e.rule, a.Placeholder, string(value))
+		var applied bool
+		if e.rule.Mode == AWSSigV4 {
+			applied, err = resignAWSWith(r, a.Placeholder, string(value))
+		} else {
+			applied, err = apply(r, e.rule, a.Placeholder, string(value))
+		}
 		clear(value)
 		if err != nil {
 			return used, err
@@ -197,7 +202,7 @@ func (v *Vault) Replace(name string, value []byte) error {
 	if e == nil {
 		return noSecret(name)
 	}
-	if _, err := e.rule.render(string(value)); err != nil {
+	if err := e.rule.checkValue(string(value)); err != nil {
 		return fmt.Errorf("vault: secret %q: %w", name, err)
 	}
 	return v.setLocked(cur, Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, e.rule, value)

@@ -18,12 +18,15 @@ var presets = map[string]Rule{
 	"gitlab": {Hosts: []string{"gitlab.com"}, Header: "PRIVATE-TOKEN", Template: "{{.Value}}", Paths: []string{"/api/"}},
 	// git over HTTPS to GitLab: basic authentication as oauth2.
 	"gitlab-git": {Hosts: []string{"gitlab.com"}, Header: "Authorization", Template: `Basic {{base64 (print "oauth2:" .Value)}}`},
+	// AWS: requests signed in the sandbox with the placeholder are
+	// re-signed (SigV4) with the real access key.
+	"aws": {Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4},
 	// OpenRouter API: a bearer token.
 	"openrouter": {Hosts: []string{"openrouter.ai"}, Header: "Authorization", Template: "Bearer {{.Value}}"},
 }
 
 // Preset returns the injection rule of a well-known service: anthropic,
-// openai, github, github-git, gitlab, gitlab-git, openrouter.
+// openai, github, github-git, gitlab, gitlab-git, openrouter, aws.
 func Preset(name string) (Rule, bool) {
 	r, ok := presets[name]
 	if !ok {

@@ -56,6 +56,18 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 // valueForms are the pairs that replace a value with its placeholder: the
 // value's forms, and those of the rule's rendering of it.
 func valueForms(rule *compiledRule, value, placeholder string) []redact.Pair {
+	if rule.Mode == AWSSigV4 {
+		// Each credential alone: an error may quote the key ID.
+		var pairs []redact.Pair
+		if creds, err := parseAWSValue(value); err == nil {
+			for _, part := range []string{creds.AccessKeyID, creds.SecretAccessKey, creds.SessionToken} {
+				if part != "" {
+					pairs = append(pairs, redact.Forms(part, placeholder)...)
+				}
+			}
+		}
+		return pairs
+	}
 	pairs := redact.Forms(value, placeholder)
 	if rule.Mode != Inject {
 		return pairs // only inject rules render the value

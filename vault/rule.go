@@ -32,6 +32,13 @@ const (
 	// (FillBody, for mitm's RefreshExchange) sends the value, so that a
 	// lenient token server can never hand the sandbox a fresh one.
 	Refresh Mode = "refresh"
+	// AWSSigV4 is for AWS credentials (the value is
+	// ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]): the sandbox signs
+	// with the placeholder as its key ID and secret key, and a request to
+	// a host the rule names that is signed with the placeholder is
+	// re-signed with the real credentials; one signed with any other key
+	// is refused. Header, Template and ReplaceIn do not apply.
+	AWSSigV4 Mode = "aws-sigv4"
 )
 
 // Places where an inject rule replaces its placeholder in a request.
@@ -98,8 +105,13 @@ func (r Rule) compile() (*compiledRule, error) {
 	case "":
 		r.Mode = Inject
 	case Inject, Login, Refresh:
+	case AWSSigV4:
+		if r.Header != "" || r.Template != "" {
+			return nil, errors.New("vault: an aws-sigv4 rule takes no header or template: it signs the request")
+		}
+		r.Header = "Authorization"
 	default:
-		return nil, fmt.Errorf("vault: unknown mode %q (want inject, login or refresh)", r.Mode)
+		return nil, fmt.Errorf("vault: unknown mode %q (want inject, login, refresh or aws-sigv4)", r.Mode)
 	}
 	for _, place := range r.ReplaceIn {
 		switch {
@@ -150,6 +162,16 @@ func (r Rule) compile() (*compiledRule, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// checkValue reports whether value is one the rule can use.
+func (c *compiledRule) checkValue(value string) error {
+	if c.Mode == AWSSigV4 {
+		_, err := parseAWSValue(value)
+		return err
+	}
+	_, err := c.render(value)
+	return err
 }
 
 // render executes the template with value.

@@ -164,7 +164,7 @@ func (v *Vault) Set(s Secret, value []byte) error {
 	if err != nil {
 		return err
 	}
-	if _, err := rule.render(string(value)); err != nil {
+	if err := rule.checkValue(string(value)); err != nil {
 		return fmt.Errorf("vault: secret %q: %w", s.Name, err)
 	}
 	v.writeMu.Lock()
@@ -208,7 +208,7 @@ func (v *Vault) SetRule(name string, r Rule) error {
 		return fmt.Errorf("vault: secret %q: %w", name, err)
 	}
 	defer clear(value)
-	if _, err := rule.render(string(value)); err != nil {
+	if err := rule.checkValue(string(value)); err != nil {
 		return fmt.Errorf("vault: secret %q: %w", name, err)
 	}
 	st := old.stored
@@ -366,6 +366,23 @@ func (v *Vault) Detach(agent, name string) error {
 // Attachments lists an agent's attachments, sorted by secret name.
 func (v *Vault) Attachments(agent string) []Attachment {
 	return slices.Clone(v.cur.Load().attach[agent])
+}
+
+// Environment is what an agent's sandbox environment holds for its
+// secrets, as NAME=VALUE: each attachment's variable set to its
+// placeholder and, for an AWS secret, the SDKs' secret key and session
+// token variables set to it too, so that any SDK signs with the
+// placeholder.
+func (v *Vault) Environment(agent string) []string {
+	cur := v.cur.Load()
+	var env []string
+	for _, a := range cur.attach[agent] {
+		env = append(env, a.Env+"="+a.Placeholder)
+		if e := cur.secrets[a.Secret]; e != nil && e.rule.Mode == AWSSigV4 {
+			env = append(env, "AWS_SECRET_ACCESS_KEY="+a.Placeholder, "AWS_SESSION_TOKEN="+a.Placeholder)
+		}
+	}
+	return env
 }
 
 func (v *Vault) newPlaceholder() string {

@@ -283,7 +283,11 @@ func TestInjection(t *testing.T) {
 		require.NoError(t, v.Set(Secret{Name: name, Rule: r}, []byte(value)))
 	}
 	for _, name := range PresetNames() {
-		set(name, preset(t, name), "VAL-"+name)
+		value := "VAL-" + name
+		if preset(t, name).Mode == AWSSigV4 {
+			value = "AKIDVAL:VAL-" + name
+		}
+		set(name, preset(t, name), value)
 	}
 	set("login", Rule{Hosts: []string{"chatgpt.com", "*.openai.com"}, Header: "Authorization", Mode: Login, Paths: []string{"/backend-api"}}, "LOGIN-TOKEN")
 	set("wild", Rule{Hosts: []string{"*.example.com"}, Header: "X-Key"}, "WILD-VALUE")

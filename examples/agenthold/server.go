@@ -572,10 +572,7 @@ func (s *server) sandboxEnv(a *agent) []string {
 	proxy := "http://" + net.JoinHostPort(a.gw4.String(), strconv.Itoa(int(s.cfg.Egress.ExplicitPort)))
 	env := []string{"HTTPS_PROXY=" + proxy, "HTTP_PROXY=" + proxy, "https_proxy=" + proxy, "http_proxy=" + proxy, "NO_PROXY=localhost,127.0.0.1", "no_proxy=localhost,127.0.0.1"}
 	env = append(env, mitm.Env(s.bundlePath(), s.caPath())...)
-	for _, at := range s.vault.Attachments(a.spec.Name) {
-		env = append(env, at.Env+"="+at.Placeholder)
-	}
-	return env
+	return append(env, s.vault.Environment(a.spec.Name)...)
 }
 
 // execInfo is what exec needs to confine a command to a's sandbox.

@@ -1,0 +1,189 @@
+package vault
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/internal/testkit"
+)
+
+var realAWS = aws.Credentials{AccessKeyID: "AKIAREALKEYID0000001", SecretAccessKey: "real/secret+access+key+0000000000000000", SessionToken: "real-session-token-FwoGZXIvYXdzEJr"}
+
+// awsVault holds an aws-sigv4 secret for *.amazonaws.com attached to a1,
+// and returns a1's placeholder.
+func awsVault(t testing.TB, creds aws.Credentials) (*Vault, string) {
+	v, err := Open(&MemoryStorage{}, testKey(1), Config{PlaceholderPrefix: "agenthold"})
+	require.NoError(t, err)
+	value := creds.AccessKeyID + ":" + creds.SecretAccessKey
+	if creds.SessionToken != "" {
+		value += ":" + creds.SessionToken
+	}
+	require.NoError(t, v.Set(Secret{Name: "aws", Rule: Rule{Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4}}, []byte(value)))
+	a, err := v.Attach("a1", "aws", "AWS_ACCESS_KEY_ID")
+	require.NoError(t, err)
+	return v, a.Placeholder
+}
+
+// sandboxSigned is a request signed as an SDK in the sandbox signs it:
+// with the placeholder as key ID, secret key and session token.
+func sandboxSigned(t testing.TB, ph, method, rawURL string, body []byte, header http.Header, service string) *http.Request {
+	r, err := http.NewRequest(method, rawURL, bytes.NewReader(body))
+	require.NoError(t, err)
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	payload := r.Header.Get("X-Amz-Content-Sha256")
+	if payload == "" {
+		sum := sha256.Sum256(body)
+		payload = hex.EncodeToString(sum[:])
+	}
+	signer := v4.NewSigner(func(o *v4.SignerOptions) { o.DisableURIPathEscaping = service == "s3" })
+	fake := aws.Credentials{AccessKeyID: ph, SecretAccessKey: ph, SessionToken: ph}
+	require.NoError(t, signer.SignHTTP(context.Background(), fake, r, payload, service, "us-east-1", time.Now()))
+	return r
+}
+
+// received is the request as the upstream would read it.
+func received(t *testing.T, r *http.Request) []byte {
+	var body []byte
+	if r.Body != nil {
+		var err error
+		body, err = io.ReadAll(r.Body)
+		require.NoError(t, err)
+	}
+	return body
+}
+
+func TestAWSResign(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	t.Run("S3 PUT, unsigned streaming payload", func(t *testing.T) {
+		r := sandboxSigned(t, ph, "PUT", "https://bucket.s3.us-east-1.amazonaws.com/dir/a%20b.txt", []byte("hello"),
+			http.Header{"X-Amz-Content-Sha256": {"STREAMING-UNSIGNED-PAYLOAD-TRAILER"}, "Content-Encoding": {"aws-chunked"}}, "s3")
+		require.Error(t, testkit.VerifySigV4(r, nil, realAWS, time.Now()), "the verifier accepts the placeholder's signature")
+		used, err := v.Inject("a1", r)
+		require.NoError(t, err)
+		assert.Equal(t, []string{"aws"}, used)
+		assert.NoError(t, testkit.VerifySigV4(r, received(t, r), realAWS, time.Now()))
+		assert.Equal(t, realAWS.SessionToken, r.Header.Get("X-Amz-Security-Token"), "the placeholder token went out")
+	})
+	t.Run("STS POST, body hashed at the gateway", func(t *testing.T) {
+		body := []byte("Action=GetCallerIdentity&Version=2011-06-15")
+		r := sandboxSigned(t, ph, "POST", "https://sts.us-east-1.amazonaws.com/", body, http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "sts")
+		_, err := v.Inject("a1", r)
+		require.NoError(t, err)
+		body = received(t, r)
+		assert.NoError(t, testkit.VerifySigV4(r, body, realAWS, time.Now()))
+		assert.Error(t, testkit.VerifySigV4(r, append(body, '!'), realAWS, time.Now()), "the verifier ignores the body")
+	})
+	t.Run("presigned GET", func(t *testing.T) {
+		r, _ := http.NewRequest("GET", "https://bucket.s3.us-east-1.amazonaws.com/key.txt?X-Amz-Expires=300", nil)
+		fake := aws.Credentials{AccessKeyID: ph, SecretAccessKey: ph}
+		signed, _, err := v4.NewSigner(func(o *v4.SignerOptions) { o.DisableURIPathEscaping = true }).PresignHTTP(context.Background(), fake, r, "UNSIGNED-PAYLOAD", "s3", "us-east-1", time.Now())
+		require.NoError(t, err)
+		r = newRequest(t, signed, nil)
+		_, err = v.Inject("a1", r)
+		require.NoError(t, err)
+		assert.NoError(t, testkit.VerifySigV4(r, nil, realAWS, time.Now()))
+		assert.Equal(t, "300", r.URL.Query().Get("X-Amz-Expires"), "the expiry changed")
+		assert.NotContains(t, r.URL.RawQuery, ph, "the placeholder went out")
+	})
+	t.Run("an unsigned request is left alone", func(t *testing.T) {
+		r := newRequest(t, "https://public.s3.amazonaws.com/object", nil)
+		used, err := v.Inject("a1", r)
+		require.NoError(t, err)
+		assert.Empty(t, used)
+		assert.Empty(t, r.Header.Get("Authorization"))
+	})
+	t.Run("another host is not re-signed", func(t *testing.T) {
+		r := sandboxSigned(t, ph, "GET", "https://minio.example.com/bucket/key", nil, nil, "s3")
+		before := r.Header.Get("Authorization")
+		used, err := v.Inject("a1", r)
+		require.NoError(t, err)
+		assert.Empty(t, used)
+		assert.Equal(t, before, r.Header.Get("Authorization"))
+	})
+}
+
+// TestAWSRefusals: what the gateway will not re-sign, each refused with
+// a reason, none forwarded with the real key.
+func TestAWSRefusals(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	other := sandboxSigned(t, "AKIAOTHERKEY", "GET", "https://s3.amazonaws.com/", nil, nil, "s3")
+	chunks := sandboxSigned(t, ph, "PUT", "https://bucket.s3.amazonaws.com/k", nil, http.Header{"X-Amz-Content-Sha256": {"STREAMING-AWS4-HMAC-SHA256-PAYLOAD"}}, "s3")
+	sigv4a := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-ECDSA-P256-SHA256 Credential=" + ph + "/20261201/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
+	sigv2 := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS " + ph + ":c2lnbmF0dXJl"}})
+	badScope := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261201/us-east-1/s3, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
+	badDate := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261130/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
+	twice := sandboxSigned(t, ph, "GET", "https://s3.amazonaws.com/?X-Amz-Credential=x", nil, nil, "s3")
+	big := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", bytes.Repeat([]byte("a"), MaxAWSBody+1), nil, "sts")
+	big.Header.Del("X-Amz-Content-Sha256")
+	for name, r := range map[string]*http.Request{
+		"signed with another key": other, "signed chunks": chunks, "SigV4a": sigv4a, "SigV2": sigv2,
+		"malformed scope": badScope, "scope date disagrees": badDate, "signed twice": twice, "body over the bound": big,
+	} {
+		_, err := v.Inject("a1", r)
+		var refused *RefusedError
+		if assert.ErrorAs(t, err, &refused, name) {
+			assert.NotContains(t, refused.Reason, realAWS.AccessKeyID, name)
+		}
+		assert.NotContains(t, r.Header.Get("Authorization"), realAWS.AccessKeyID, "%s: signed with the real key anyway", name)
+	}
+}
+
+func TestAWSSecretValue(t *testing.T) {
+	v, _ := newVault(t)
+	rule := Rule{Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4}
+	for _, bad := range []string{"onlyone", "a:b:c:d", "a::c", "AKIA/X:secret", "a:b c"} {
+		assert.Error(t, v.Set(Secret{Name: "aws", Rule: rule}, []byte(bad)), "value %q", bad)
+	}
+	assert.NoError(t, v.Set(Secret{Name: "aws", Rule: rule}, []byte("AKIA:se/cr+et")))
+	assert.Error(t, v.Set(Secret{Name: "aws2", Rule: Rule{Hosts: rule.Hosts, Mode: AWSSigV4, Header: "X-Key"}}, []byte("AKIA:secret")), "a header on an aws-sigv4 rule")
+}
+
+// TestAWSRedaction: an upstream that quotes the real key ID, secret or
+// token (as AWS errors quote the key ID) shows the sandbox its
+// placeholder.
+func TestAWSRedaction(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	red, err := v.Redactor("a1", "s3.amazonaws.com")
+	require.NoError(t, err)
+	require.NotNil(t, red)
+	for _, leak := range []string{realAWS.AccessKeyID, realAWS.SecretAccessKey, realAWS.SessionToken, url.QueryEscape(realAWS.SecretAccessKey)} {
+		out := red.String("<Error><AWSAccessKeyId>" + leak + "</AWSAccessKeyId></Error>")
+		assert.NotContains(t, out, leak)
+		assert.Contains(t, out, ph)
+	}
+}
+
+// BenchmarkAWSResign measures re-signing an S3 request (headers only;
+// its payload hash is the client's).
+func BenchmarkAWSResign(b *testing.B) {
+	v, ph := awsVault(b, realAWS)
+	orig := sandboxSigned(b, ph, "GET", "https://bucket.s3.us-east-1.amazonaws.com/key?list-type=2", nil,
+		http.Header{"X-Amz-Content-Sha256": {"UNSIGNED-PAYLOAD"}, "Accept": {"*/*"}}, "s3")
+	b.ReportAllocs()
+	for b.Loop() {
+		r := orig.Clone(context.Background())
+		if _, err := v.Inject("a1", r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestAWSEnvironment(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	assert.ElementsMatch(t, []string{"AWS_ACCESS_KEY_ID=" + ph, "AWS_SECRET_ACCESS_KEY=" + ph, "AWS_SESSION_TOKEN=" + ph}, v.Environment("a1"))
+	assert.Empty(t, v.Environment("a2"))
+}
