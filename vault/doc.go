@@ -25,7 +25,12 @@
 // three), and Inject re-signs a request signed with it (Authorization
 // header or presigned query, over the same signed headers and time, with
 // AWS's own SigV4 signer); a request signed with any other key, or with
-// signed chunks the gateway cannot re-sign, is refused. A
+// signed chunks the gateway cannot re-sign, is refused. GitHubApp rules
+// hold a GitHub App's key: the gateway mints installation tokens with it
+// (through the client SetTokenClient gives, the gateway's own guarded
+// path), caches each until shortly before it expires, and sets it as the
+// Authorization of API and git requests; the redactor knows the current
+// token and the one before. A
 // path-limited rule matches only plain paths: no dot or empty segments,
 // backslashes or semicolons. A rule's hosts are names and "*." patterns,
 // as a policy's entries: a URL or a port is an error.

@@ -51,6 +51,15 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 		if e.rule.Mode == Login && !headerHas(r.Header, e.rule.Header, a.Placeholder) {
 			continue
 		}
+		if e.rule.Mode == GitHubApp {
+			tok, err := v.appToken(a.Secret, e, key, appTokenMargin)
+			if err != nil {
+				return used, err
+			}
+			r.Header.Set("Authorization", renderAppToken(host, tok.token))
+			used = append(used, a.Secret)
+			continue
+		}
 		value, err := open(key, e.ad, e.stored.Sealed)
 		if err != nil {
 			return used, err

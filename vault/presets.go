@@ -21,12 +21,16 @@ var presets = map[string]Rule{
 	// AWS: requests signed in the sandbox with the placeholder are
 	// re-signed (SigV4) with the real access key.
 	"aws": {Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4},
+	// A GitHub App: installation tokens minted at the gateway, for the
+	// API and for git over HTTPS.
+	"github-app": {Hosts: []string{"api.github.com", "github.com"}, Mode: GitHubApp},
 	// OpenRouter API: a bearer token.
 	"openrouter": {Hosts: []string{"openrouter.ai"}, Header: "Authorization", Template: "Bearer {{.Value}}"},
 }
 
 // Preset returns the injection rule of a well-known service: anthropic,
-// openai, github, github-git, gitlab, gitlab-git, openrouter, aws.
+// openai, github, github-git, github-app, gitlab, gitlab-git, openrouter,
+// aws.
 func Preset(name string) (Rule, bool) {
 	r, ok := presets[name]
 	if !ok {

@@ -22,14 +22,28 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 	cur := v.cur.Load()
 	var key strings.Builder
 	var covering []Attachment
+	tokens := map[string]appToken{}
 	for _, a := range cur.attach[agent] {
-		if e := cur.secrets[a.Secret]; e != nil && e.rule.coversHost(h) {
-			if key.Len() == 0 {
-				key.WriteString(agent)
+		e := cur.secrets[a.Secret]
+		if e == nil || !e.rule.coversHost(h) {
+			continue
+		}
+		if key.Len() == 0 {
+			key.WriteString(agent)
+		}
+		key.WriteByte(0)
+		key.WriteString(a.Secret)
+		covering = append(covering, a)
+		if e.rule.Mode == GitHubApp {
+			// The token the request will carry, minted now if need be:
+			// the redactor must know it before the response comes.
+			tok, err := v.appToken(a.Secret, e, cur.key, appTokenMargin+appTokenLead)
+			if err != nil {
+				return nil, err
 			}
+			tokens[a.Secret] = tok
 			key.WriteByte(0)
-			key.WriteString(a.Secret)
-			covering = append(covering, a)
+			key.WriteString(tok.token)
 		}
 	}
 	if len(covering) == 0 {
@@ -47,6 +61,9 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 		}
 		pairs = append(pairs, valueForms(e.rule, string(value), a.Placeholder)...)
 		clear(value)
+		if tok, ok := tokens[a.Secret]; ok {
+			pairs = append(pairs, appTokenForms(h, tok, a.Placeholder)...)
+		}
 	}
 	r := redact.New(pairs)
 	cur.redactors.Store(key.String(), r)
@@ -81,6 +98,20 @@ func valueForms(rule *compiledRule, value, placeholder string) []redact.Pair {
 	// The credential of "Scheme credential", alone.
 	if i, j := strings.IndexByte(rv, ' '), strings.IndexByte(rp, ' '); i > 0 && j > 0 && rv[:i] == rp[:j] {
 		pairs = append(pairs, redact.Forms(rv[i+1:], rp[j+1:])...)
+	}
+	return pairs
+}
+
+// appTokenForms are the pairs that replace a GitHub App's installation
+// tokens (the current one and the one before) with the placeholder:
+// alone, and as the Authorization the host takes.
+func appTokenForms(host string, tok appToken, placeholder string) []redact.Pair {
+	var pairs []redact.Pair
+	for _, t := range []string{tok.token, tok.prev} {
+		if t != "" {
+			pairs = append(pairs, redact.Forms(t, placeholder)...)
+			pairs = append(pairs, redact.Forms(renderAppToken(host, t), renderAppToken(host, placeholder))...)
+		}
 	}
 	return pairs
 }

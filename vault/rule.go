@@ -39,6 +39,13 @@ const (
 	// re-signed with the real credentials; one signed with any other key
 	// is refused. Header, Template and ReplaceIn do not apply.
 	AWSSigV4 Mode = "aws-sigv4"
+	// GitHubApp is for a GitHub App (the value is a JSON object of its
+	// app_id, installation_id and private_key): the gateway mints an
+	// installation token, caches it until shortly before it expires, and
+	// sets Authorization on requests to the rule's hosts (a bearer token
+	// for api.* hosts, basic authentication as x-access-token for git).
+	// Header, Template and ReplaceIn do not apply.
+	GitHubApp Mode = "github-app"
 )
 
 // Places where an inject rule replaces its placeholder in a request.
@@ -105,13 +112,13 @@ func (r Rule) compile() (*compiledRule, error) {
 	case "":
 		r.Mode = Inject
 	case Inject, Login, Refresh:
-	case AWSSigV4:
+	case AWSSigV4, GitHubApp:
 		if r.Header != "" || r.Template != "" {
-			return nil, errors.New("vault: an aws-sigv4 rule takes no header or template: it signs the request")
+			return nil, fmt.Errorf("vault: a %s rule takes no header or template: it sets Authorization itself", r.Mode)
 		}
 		r.Header = "Authorization"
 	default:
-		return nil, fmt.Errorf("vault: unknown mode %q (want inject, login, refresh or aws-sigv4)", r.Mode)
+		return nil, fmt.Errorf("vault: unknown mode %q (want inject, login, refresh, aws-sigv4 or github-app)", r.Mode)
 	}
 	for _, place := range r.ReplaceIn {
 		switch {
@@ -166,8 +173,12 @@ func (r Rule) compile() (*compiledRule, error) {
 
 // checkValue reports whether value is one the rule can use.
 func (c *compiledRule) checkValue(value string) error {
-	if c.Mode == AWSSigV4 {
+	switch c.Mode {
+	case AWSSigV4:
 		_, err := parseAWSValue(value)
+		return err
+	case GitHubApp:
+		_, err := parseGitHubApp(value)
 		return err
 	}
 	_, err := c.render(value)

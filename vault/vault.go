@@ -63,6 +63,7 @@ type Vault struct {
 
 	writeMu sync.Mutex // serialises writers, across their read, store and publish
 	cur     atomic.Pointer[state]
+	apps    appTokens // GitHub App installation tokens, by secret
 }
 
 // state is one immutable version of the vault: a writer builds a new one

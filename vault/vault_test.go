@@ -282,17 +282,19 @@ func TestInjection(t *testing.T) {
 	set := func(name string, r Rule, value string) {
 		require.NoError(t, v.Set(Secret{Name: name, Rule: r}, []byte(value)))
 	}
+	// The presets that put a value in a header; aws and github-app,
+	// which sign or mint, have tests of their own.
+	var headerPresets []string
 	for _, name := range PresetNames() {
-		value := "VAL-" + name
-		if preset(t, name).Mode == AWSSigV4 {
-			value = "AKIDVAL:VAL-" + name
+		if m := preset(t, name).Mode; m != AWSSigV4 && m != GitHubApp {
+			headerPresets = append(headerPresets, name)
+			set(name, preset(t, name), "VAL-"+name)
 		}
-		set(name, preset(t, name), value)
 	}
 	set("login", Rule{Hosts: []string{"chatgpt.com", "*.openai.com"}, Header: "Authorization", Mode: Login, Paths: []string{"/backend-api"}}, "LOGIN-TOKEN")
 	set("wild", Rule{Hosts: []string{"*.example.com"}, Header: "X-Key"}, "WILD-VALUE")
 	ph := map[string]string{}
-	for _, name := range append(PresetNames(), "login", "wild") {
+	for _, name := range append(headerPresets, "login", "wild") {
 		a, err := v.Attach("a1", name, strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
 		require.NoError(t, err)
 		ph[name] = a.Placeholder

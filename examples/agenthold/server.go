@@ -225,6 +225,8 @@ func (s *server) startDataPlane() error {
 		Leaves: &mitm.Leaves{CA: s.ca}, Claim: s.vault.Covers, Injector: s.vault,
 		Guard: s.guard, Resolver: s.dns, RootCAs: roots, Log: s.elog, Logger: s.log,
 	}
+	// GitHub App tokens are minted the way intercepted requests go out.
+	s.vault.SetTokenClient(s.ic.Client(false))
 	for _, r := range s.cfg.Egress.TokenRefresh {
 		x := &mitm.RefreshExchange{Host: r.Host, Path: r.Path, RefreshSecret: r.RefreshSecret, AccessSecret: r.AccessSecret, Store: s.vault, Client: s.ic.Client(false)}
 		s.ic.Hooks = append(s.ic.Hooks, x.Hook())
