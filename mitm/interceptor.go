@@ -138,7 +138,7 @@ func (i *Interceptor) transportsFor(agent string) *httpfwd.Transports {
 	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
 	var ts *httpfwd.Transports
 	ts = httpfwd.NewTransports(httpfwd.Config{
-		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, HTTP2: true,
+		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, HTTP2: true, Check: policy.DialCheck,
 		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		Admit: func() (func(), error) {
@@ -498,7 +498,7 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	if st.injectErr != nil {
 		return nil, errInjectFailed
 	}
-	r = r.WithContext(policy.WithAgent(r.Context(), st.info.agent))
+	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.info.pol))
 	return rt.i.transportsFor(st.info.agent).For(st.allowPrivate).RoundTrip(r)
 }
 

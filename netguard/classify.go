@@ -184,6 +184,18 @@ func embeddedIPv4(a netip.Addr) (kind string, out [2]netip.Addr, n int) {
 	return "", out, 0
 }
 
+// EmbeddedIPv4 returns the IPv4 addresses an IPv6 address embeds
+// (NAT64, 6to4, Teredo, IPv4-compatible and -translated forms) and how
+// many there are: where a dial to a reaches, beyond a itself.
+// IPv4-mapped addresses are not among them: unmap those first.
+func EmbeddedIPv4(a netip.Addr) ([2]netip.Addr, int) {
+	if !a.Is6() || a.Is4In6() {
+		return [2]netip.Addr{}, 0
+	}
+	_, out, n := embeddedIPv4(a)
+	return out, n
+}
+
 func zero(b []byte) bool {
 	for _, x := range b {
 		if x != 0 {

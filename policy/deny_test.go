@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -135,4 +136,51 @@ func TestDecideDoH(t *testing.T) {
 		assert.False(t, d.Allowed, host)
 	}
 	assert.Equal(t, ReasonDoH, p.DecideDoH("x.example.org", 443).Reason)
+}
+
+// TestCheckResolved: at dial time, the address a name resolved to is
+// refused when a deny entry covers it (in any spelling that reaches it)
+// or when it is a DNS-over-HTTPS resolver's and the name is not allowed
+// exactly.
+func TestCheckResolved(t *testing.T) {
+	must := func(cfg Config) *Policy {
+		p, err := New(cfg)
+		require.NoError(t, err)
+		return p
+	}
+	open := must(Config{Mode: Open, Allow: []string{"!203.0.113.0/24", "!198.51.100.9:22", "exact.example"}})
+	for _, tc := range []struct {
+		name, host, addr string
+		reason           string // "" for allowed
+	}{
+		{"deny prefix", "evil.example", "203.0.113.7:443", ReasonDenyEntry},
+		{"deny prefix, NAT64 spelling", "evil.example", "[64:ff9b::cb00:7107]:443", ReasonDenyEntry},
+		{"deny prefix, 6to4 spelling", "evil.example", "[2002:cb00:7107::1]:443", ReasonDenyEntry},
+		{"deny prefix, mapped", "evil.example", "[::ffff:203.0.113.7]:443", ReasonDenyEntry},
+		{"deny entry on another port", "ssh.example", "198.51.100.9:443", ""},
+		{"deny entry on its port", "ssh.example", "198.51.100.9:22", ReasonDenyEntry},
+		{"a DoH resolver's address", "attacker.example", "1.1.1.1:443", ReasonDoH},
+		{"a DoH resolver's address, NAT64", "attacker.example", "[64:ff9b::808:808]:443", ReasonDoH},
+		{"a DoH resolver's address, name named exactly", "exact.example", "8.8.8.8:443", ""},
+		{"an ordinary address", "www.example", "93.184.215.14:443", ""},
+		{"a literal host, judged already", "203.0.113.7", "203.0.113.7:443", ""},
+	} {
+		err := open.CheckResolved(tc.host, netip.MustParseAddrPort(tc.addr))
+		if tc.reason == "" {
+			assert.NoError(t, err, tc.name)
+			continue
+		}
+		var re *ResolvedError
+		if assert.ErrorAs(t, err, &re, tc.name) {
+			assert.Equal(t, tc.reason, re.Reason, tc.name)
+		}
+	}
+	report := must(Config{Mode: Open, Report: true, Allow: []string{"!203.0.113.0/24"}})
+	assert.NoError(t, report.CheckResolved("evil.example", netip.MustParseAddrPort("203.0.113.7:443")), "report mode refused")
+	var nilPolicy *Policy
+	assert.Error(t, nilPolicy.CheckResolved("x.example", netip.MustParseAddrPort("93.184.215.14:443")), "a nil policy allowed")
+
+	// The literal spellings of the same addresses, judged as addresses.
+	assert.Equal(t, ReasonDenyEntry, open.Decide("64:ff9b::cb00:7107", 443).Reason)
+	assert.Equal(t, ReasonDoH, open.Decide("2002:808:808::1", 443).Reason)
 }

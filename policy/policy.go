@@ -463,11 +463,10 @@ func (p *Policy) judgeAddr(a netip.Addr, port uint16) Decision {
 	if d, done := p.modeDecision(); done {
 		return d
 	}
-	dm := matcher{port: port}
-	if d, ok := p.deny.matchAddr(&dm, a); ok {
-		return p.finish(Decision{Rule: d.Rule, Reason: ReasonDenyEntry})
+	if d, denied := p.denyAddr(a, port); denied {
+		return p.finish(d)
 	}
-	if p.dohAddrs[a] {
+	if p.isDoHAddr(a) {
 		// Only an entry for exactly this address lets a resolver's
 		// address in.
 		m := matcher{port: port, exactAddr: a, miss: Decision{Reason: ReasonDoH}}
@@ -489,6 +488,37 @@ func (p *Policy) judgeAddr(a netip.Addr, port uint16) Decision {
 		return p.finish(m.miss)
 	}
 	return p.dotCheck(d, port, false, func(m *matcher) (Decision, bool) { return p.allow.matchAddr(m, a) })
+}
+
+// denyAddr finds a deny entry that covers a on port, or an address a
+// embeds (an IPv6 form that reaches an IPv4 address: NAT64, 6to4, Teredo).
+func (p *Policy) denyAddr(a netip.Addr, port uint16) (Decision, bool) {
+	dm := matcher{port: port}
+	if d, ok := p.deny.matchAddr(&dm, a); ok {
+		return Decision{Rule: d.Rule, Reason: ReasonDenyEntry}, true
+	}
+	inner, n := netguard.EmbeddedIPv4(a)
+	for _, b := range inner[:n] {
+		if d, ok := p.deny.matchAddr(&dm, b); ok {
+			return Decision{Rule: d.Rule, Reason: ReasonDenyEntry}, true
+		}
+	}
+	return Decision{}, false
+}
+
+// isDoHAddr reports whether a, or an address it embeds, is a known
+// DNS-over-HTTPS resolver's.
+func (p *Policy) isDoHAddr(a netip.Addr) bool {
+	if p.dohAddrs[a] {
+		return true
+	}
+	inner, n := netguard.EmbeddedIPv4(a)
+	for _, b := range inner[:n] {
+		if p.dohAddrs[b] {
+			return true
+		}
+	}
+	return false
 }
 
 // modeDecision settles the decision for policies that need no matching.

@@ -213,7 +213,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		t, d = decideAddr(pol, s.dst.Addr(), s.dst.Port())
-		if !d.Allowed && d.Reason != policy.ReasonNoRule && d.Reason != policy.ReasonPortNotListed {
+		if !d.Allowed && !unlisted(d) {
 			// Refused as an address (a deny entry, a resolver, DNS over
 			// TLS): no name inside could change that.
 			rec.Rule = d.Rule

@@ -65,7 +65,7 @@ func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 
 func (p *Proxy) startHTTP() {
 	p.transports = httpfwd.NewTransports(httpfwd.Config{
-		Guard: p.Guard, Resolver: p.Resolver, DialTimeout: orDefault(p.DialTimeout, DefaultDialTimeout),
+		Guard: p.Guard, Resolver: p.Resolver, DialTimeout: orDefault(p.DialTimeout, DefaultDialTimeout), Check: policy.DialCheck,
 	})
 	p.httpConns = newConnQueue()
 	p.httpSrv = p.newHTTPServer(http.HandlerFunc(p.serveHTTP), func(ctx context.Context, c net.Conn) context.Context {
@@ -162,7 +162,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	body := httpmeter.CountBody(r)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out = pr.Out.WithContext(policy.WithAgent(pr.Out.Context(), agent))
+			pr.Out = pr.Out.WithContext(policy.WithPolicy(policy.WithAgent(pr.Out.Context(), agent), pol))
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = t.dialAddress()
 			pr.Out.Host = r.Host

@@ -421,8 +421,11 @@ func TestNoSpeculativeDialForClaimedHosts(t *testing.T) {
 	w.setNames("other.test")
 	w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"other.test:*"}})
 	w.proxy.Resolver.(testkit.Resolver)["other.test"] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
-	c2 := w.dial(addrPortOf(upstream.Addr()))
-	defer c2.Close()
+	// The upstream hangs up at once, and the proxy passes that on as a
+	// reset, which may reach the client before its connect returns.
+	if c2, err := w.tryDial(addrPortOf(upstream.Addr())); err == nil {
+		defer c2.Close()
+	}
 	require.Eventually(t, func() bool { return accepted.Load() == 1 }, 5*time.Second, 10*time.Millisecond, "an unclaimed name was not dialled early")
 }
 

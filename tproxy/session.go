@@ -75,8 +75,11 @@ func decideAddr(pol *policy.Policy, a netip.Addr, port uint16) (target, policy.D
 }
 
 // decide judges a connection named host (may be "") to dst: by the name
-// first, then, if the name does not allow it, by the address dialled.
-// It returns the name's decision when both deny, so the reason names it.
+// first, then, if no entry names it (or not on this port), by the
+// address dialled. A name refused outright (a deny entry, a DNS-over-HTTPS
+// resolver, DNS over TLS, an invalid name) stays refused, whatever its
+// address. It returns the name's decision when both deny, so the reason
+// names it.
 func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy.Decision) {
 	var nameDecision policy.Decision
 	if host != "" {
@@ -84,18 +87,27 @@ func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy
 		if d.Allowed {
 			return t, d
 		}
+		if !unlisted(d) {
+			return target{}, d
+		}
 		nameDecision = d
 	}
 	if dst.Addr().IsValid() {
 		t, d := decideAddr(pol, dst.Addr(), dst.Port())
-		if d.Allowed || host == "" {
-			return t, d // without a name, the address's own reason
+		if d.Allowed || host == "" || !unlisted(d) {
+			return t, d // without a name, or refused outright: the address's own reason
 		}
 	}
 	if host == "" && nameDecision.Reason == "" {
 		nameDecision.Reason = policy.ReasonNoRule
 	}
 	return target{}, nameDecision
+}
+
+// unlisted reports whether a denial only says that no entry names the
+// destination (on its port), rather than refusing it outright.
+func unlisted(d policy.Decision) bool {
+	return d.Reason == policy.ReasonNoRule || d.Reason == policy.ReasonPortNotListed
 }
 
 // session is one client connection on its way to a decision: transparent,
@@ -667,6 +679,9 @@ func (p *Proxy) dial(ctx context.Context, pol *policy.Policy, t target) (*net.TC
 		Resolver:     p.Resolver,
 		Timeout:      orDefault(p.DialTimeout, DefaultDialTimeout),
 		KeepAlive:    -1,
+		Check: func(_ context.Context, host string, ap netip.AddrPort) error {
+			return pol.CheckResolved(host, ap)
+		},
 	}
 	c, err := d.DialContext(ctx, "tcp", t.dialAddress())
 	if err != nil {

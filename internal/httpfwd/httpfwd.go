@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -49,6 +50,10 @@ type Config struct {
 	// MaxConnsPerHost bounds the connections to one host, idle or not;
 	// requests beyond wait for one. Zero means no bound.
 	MaxConnsPerHost int
+	// Check, if set, is asked of every address a dial would use (see
+	// netguard.Dialer.Check): policy.DialCheck, for the per-address
+	// rules of the policy a request carries.
+	Check func(ctx context.Context, host string, addr netip.AddrPort) error
 	// Admit, if set, is asked before each dial; an error refuses it, and
 	// release is called when the connection closes: a budget of
 	// connections across hosts.
@@ -65,7 +70,7 @@ func NewTransports(cfg Config) *Transports {
 	var ts Transports
 	for i, allowPrivate := range []bool{false, true} {
 		dial := orDefault(cfg.DialTimeout, DefaultDialTimeout)
-		d := &netguard.Dialer{Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial}
+		d := &netguard.Dialer{Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial, Check: cfg.Check}
 		t := netguard.NewTransport(d)
 		if cfg.Admit != nil {
 			t.DialContext = admitted(d.DialContext, cfg.Admit)
