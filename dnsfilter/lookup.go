@@ -34,7 +34,7 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 	if agent := policy.AgentFrom(ctx); agent != "" {
 		// A name the gateway resolves for an agent leaves as surely as
 		// one the agent looks up itself.
-		if why := s.suspectTunnel(agent, name); why != "" && s.Tunnel.Refuse {
+		if why := s.suspectTunnel(agent, name, dns.TypeA); why != "" && s.Tunnel.Refuse {
 			return nil, &net.DNSError{Err: why, Name: host, IsNotFound: true}
 		}
 	}

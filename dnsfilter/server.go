@@ -41,6 +41,7 @@ const (
 	ReasonUnknownSource   = "query from an unknown source"
 	ReasonBadClass        = "query class is not IN"
 	ReasonZoneTransfer    = "zone transfers are refused"
+	ReasonQueryType       = "query type not forwarded"
 	ReasonOverloaded      = "too many queries in flight"
 	ReasonAgentOverloaded = "too many of this agent's queries in flight"
 	ReasonGatewayBusy     = "too many of the gateway's own lookups in flight"
@@ -390,7 +391,12 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	if !d.Allowed {
 		return blocked(resp, dns.RcodeNameError, d.Reason), rec
 	}
-	suspect := s.suspectTunnel(agent, rec.Host)
+	if !forwarded(q.Qtype) {
+		rec.Allowed, rec.Reason = false, ReasonQueryType
+		resp.Rcode = dns.RcodeNotImplemented
+		return resp, rec
+	}
+	suspect := s.suspectTunnel(agent, rec.Host, q.Qtype)
 	if suspect != "" && s.Tunnel.Refuse {
 		rec.Allowed, rec.Reason = false, suspect
 		return blocked(resp, dns.RcodeRefused, ReasonTunnel), rec
@@ -438,11 +444,27 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	return resp, rec
 }
 
+// forwardedTypes are the query types sent upstream, each with its bit in
+// the tunnelling counters: what applications ask. Any other type is
+// refused (NOTIMP): each would be a new question about the same name,
+// and its number a channel of its own.
+var forwardedTypes = map[uint16]uint{
+	dns.TypeA: 0, dns.TypeAAAA: 1, dns.TypeCNAME: 2, dns.TypeHTTPS: 3, dns.TypeSVCB: 4,
+	dns.TypeTXT: 5, dns.TypeMX: 6, dns.TypeSRV: 7, dns.TypeNS: 8, dns.TypeSOA: 9,
+	dns.TypeCAA: 10, dns.TypePTR: 11, dns.TypeDS: 12, dns.TypeDNSKEY: 13, dns.TypeTLSA: 14,
+	dns.TypeNAPTR: 15, dns.TypeSSHFP: 16,
+}
+
+func forwarded(qtype uint16) bool {
+	_, ok := forwardedTypes[qtype]
+	return ok
+}
+
 // suspectTunnel counts agent's lookup of name towards tunnelling, and
 // says why it is suspect ("" if it is not), logging when the agent's
 // lookups under the name's zone become so.
-func (s *Server) suspectTunnel(agent, name string) string {
-	sus := s.tunnel.observe(agent, name, time.Now())
+func (s *Server) suspectTunnel(agent, name string, qtype uint16) string {
+	sus := s.tunnel.observe(agent, name, qtype, time.Now())
 	if sus.changed {
 		s.logger().Warn(ReasonTunnel, "agent", agent, "name", name, "why", sus.why, "refused", s.Tunnel.Refuse)
 	}

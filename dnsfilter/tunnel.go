@@ -66,6 +66,10 @@ type TunnelDetection struct {
 	// ZonesPerAgent bounds the zones tracked per agent; zero means
 	// DefaultTunnelZonesPerAgent.
 	ZonesPerAgent int
+	// MaxAgentBits bounds the information an agent's names carry in a
+	// window across all zones, so that a tunnel cannot spread over many
+	// zones each under MaxBits; zero means 4 × MaxBits.
+	MaxAgentBits float64
 }
 
 // tunnelDetector holds the counters of every agent.
@@ -82,20 +86,26 @@ func newTunnelDetector(cfg TunnelDetection) *tunnelDetector {
 		cfg.MaxBits = DefaultTunnelMaxBits
 	}
 	cfg.ZonesPerAgent = cmp(cfg.ZonesPerAgent, DefaultTunnelZonesPerAgent)
+	if !(cfg.MaxAgentBits > 0) {
+		cfg.MaxAgentBits = 4 * cfg.MaxBits
+	}
 	return &tunnelDetector{cfg: cfg}
 }
 
-// agentZones is one agent's counters, by zone.
+// agentZones is one agent's counters, by zone, and in all.
 type agentZones struct {
-	mu    sync.Mutex
-	zones map[string]*zoneCount
+	mu      sync.Mutex
+	zones   map[string]*zoneCount
+	start   time.Time // of the agent's window
+	bits    float64   // carried in the agent's window, in all zones
+	suspect bool      // over MaxAgentBits: every lookup under a zone is
 }
 
 // zoneCount is what an agent looked up under one zone in the current
 // window.
 type zoneCount struct {
 	start   time.Time
-	names   map[uint64]struct{} // hashes of the distinct names; at most MaxNames+1
+	names   map[uint64]uint32   // hashes of the distinct names, and the query types asked of each; at most MaxNames+1
 	labels  map[uint64]struct{} // hashes of the distinct labels; at most MaxLabels+1
 	bits    float64
 	suspect bool
@@ -109,8 +119,8 @@ type suspicion struct {
 }
 
 // observe counts a lookup of name (lower or mixed case, with or without
-// the final dot) by agent at now.
-func (d *tunnelDetector) observe(agent, name string, now time.Time) suspicion {
+// the final dot) of type qtype by agent at now.
+func (d *tunnelDetector) observe(agent, name string, qtype uint16, now time.Time) suspicion {
 	name = strings.TrimSuffix(name, ".")
 	zone, err := publicsuffix.EffectiveTLDPlusOne(strings.ToLower(name))
 	if err != nil || len(zone) >= len(name) {
@@ -119,11 +129,14 @@ func (d *tunnelDetector) observe(agent, name string, now time.Time) suspicion {
 	sub := name[:len(name)-len(zone)-1]
 	v, ok := d.agents.Load(agent)
 	if !ok {
-		v, _ = d.agents.LoadOrStore(agent, &agentZones{zones: map[string]*zoneCount{}})
+		v, _ = d.agents.LoadOrStore(agent, &agentZones{zones: map[string]*zoneCount{}, start: now})
 	}
 	az := v.(*agentZones)
 	az.mu.Lock()
 	defer az.mu.Unlock()
+	if now.Sub(az.start) >= d.cfg.Window {
+		az.start, az.bits, az.suspect = now, 0, false
+	}
 	zc := az.zones[zone]
 	if zc != nil && now.Sub(zc.start) >= d.cfg.Window {
 		zc = nil // the window ended: count afresh
@@ -132,30 +145,49 @@ func (d *tunnelDetector) observe(agent, name string, now time.Time) suspicion {
 		if len(az.zones) >= d.cfg.ZonesPerAgent {
 			az.makeRoom(now, d.cfg.Window, d.cfg.ZonesPerAgent)
 		}
-		zc = &zoneCount{start: now, names: map[uint64]struct{}{}, labels: map[uint64]struct{}{}}
+		zc = &zoneCount{start: now, names: map[uint64]uint32{}, labels: map[uint64]struct{}{}}
 		az.zones[zone] = zc
 	}
-	if !zc.suspect {
-		zc.count(sub, d.cfg)
+	if !zc.suspect && !az.suspect {
+		before := zc.bits
+		zc.count(sub, qtype, d.cfg)
+		az.bits += zc.bits - before
 	}
-	if zc.suspect {
+	switch {
+	case zc.suspect:
 		return suspicion{why: zc.reason(zone, d.cfg.Window)}
-	}
-	if len(zc.names) > d.cfg.MaxNames || len(zc.labels) > d.cfg.MaxLabels || zc.bits > d.cfg.MaxBits {
+	case az.suspect:
+		return suspicion{why: az.reason(d.cfg.Window)}
+	case len(zc.names) > d.cfg.MaxNames || len(zc.labels) > d.cfg.MaxLabels || zc.bits > d.cfg.MaxBits:
 		zc.suspect = true
 		return suspicion{why: zc.reason(zone, d.cfg.Window), changed: true}
+	case az.bits > d.cfg.MaxAgentBits:
+		az.suspect = true
+		return suspicion{why: az.reason(d.cfg.Window), changed: true}
 	}
 	return suspicion{}
 }
 
-// count adds sub (the labels under the zone) to the counters, if it is a
-// name not seen before in the window.
-func (zc *zoneCount) count(sub string, cfg TunnelDetection) {
+func (az *agentZones) reason(window time.Duration) string {
+	return fmt.Sprintf("%s: %.0f bits across %d zones within %v", ReasonTunnel, az.bits, len(az.zones), window)
+}
+
+// count adds sub (the labels under the zone), looked up with qtype, to
+// the counters. A name seen before costs nothing with a query type it was
+// asked before, and a bit with a new one (which types were asked of a
+// name could carry data too).
+func (zc *zoneCount) count(sub string, qtype uint16, cfg TunnelDetection) {
 	key := foldedHash(sub)
-	if _, seen := zc.names[key]; seen {
+	types, seen := zc.names[key]
+	bit := qtypeBit(qtype)
+	if seen {
+		if types&bit == 0 {
+			zc.names[key] = types | bit
+			zc.bits++
+		}
 		return
 	}
-	zc.names[key] = struct{}{}
+	zc.names[key] = bit
 	for label := range strings.SplitSeq(sub, ".") {
 		key := foldedHash(label)
 		if _, seen := zc.labels[key]; seen {
@@ -166,7 +198,9 @@ func (zc *zoneCount) count(sub string, cfg TunnelDetection) {
 			return // suspect already
 		}
 		zc.labels[key] = struct{}{}
-		zc.bits += information(label)
+		// At least what its length could say: a label of one letter
+		// repeated still tells its length.
+		zc.bits += max(information(label), math.Log2(float64(len(label)+1)))
 	}
 }
 
@@ -215,6 +249,14 @@ func information(s string) float64 {
 		}
 	}
 	return n * h
+}
+
+// qtypeBit is qtype's bit in a name's set of query types asked.
+func qtypeBit(qtype uint16) uint32 {
+	if i, ok := forwardedTypes[qtype]; ok {
+		return 1 << i
+	}
+	return 1 << 31
 }
 
 // foldedHash is the 64-bit FNV-1a hash of s, case folded, without

@@ -89,7 +89,7 @@ func TestTunnelDetected(t *testing.T) {
 		now := time.Now()
 		first := -1
 		for i, name := range tunnelNames(200, "exfil.example", tc.encode) {
-			s := d.observe("a1", name, now)
+			s := d.observe("a1", name, dns.TypeA, now)
 			if first < 0 && s.why != "" {
 				first = i
 				assert.True(t, s.changed, "%s: the first suspect query did not say it changed", tc.name)
@@ -114,7 +114,7 @@ func TestTunnelEvasion(t *testing.T) {
 			d := newTunnelDetector(cfg)
 			var why string
 			for i := range max(DefaultTunnelMaxNames, DefaultTunnelMaxLabels) + 1 {
-				why = d.observe("a1", fmt.Sprintf("%d.count.example", i), now).why
+				why = d.observe("a1", fmt.Sprintf("%d.count.example", i), dns.TypeA, now).why
 			}
 			assert.NotEmpty(t, why, "%+v: more distinct names or labels than the bound were not suspect", cfg)
 		}
@@ -123,7 +123,7 @@ func TestTunnelEvasion(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{MaxNames: 10})
 		for _, name := range []string{"www.case.example", "WWW.case.example", "wWw.CASE.example.", "Www.Case.Example"} {
 			for range 5 {
-				assert.Empty(t, d.observe("a1", name, now).why, "%s: one name, counted as many", name)
+				assert.Empty(t, d.observe("a1", name, dns.TypeA, now).why, "%s: one name, counted as many", name)
 			}
 		}
 	})
@@ -132,26 +132,55 @@ func TestTunnelEvasion(t *testing.T) {
 		names := tunnelNames(200, "exfil.example", base32Label)
 		var why string
 		for i, name := range names {
-			why = d.observe("a1", name, now).why
+			why = d.observe("a1", name, dns.TypeA, now).why
 			for j := range 16 { // more light zones than are tracked, between every two queries
-				d.observe("a1", fmt.Sprintf("www.light%d-%d.example", i, j), now)
+				d.observe("a1", fmt.Sprintf("www.light%d-%d.example", i, j), dns.TypeA, now)
 			}
 		}
 		assert.NotEmpty(t, why, "light zones flushed the tunnel's counters")
 	})
+	t.Run("spread over many zones", func(t *testing.T) {
+		d := newTunnelDetector(TunnelDetection{})
+		var why string
+		for z := range 200 {
+			for _, name := range tunnelNames(30, fmt.Sprintf("zone%d.example", z), base32Label) {
+				if why = d.observe("a1", name, dns.TypeA, now).why; why != "" {
+					break
+				}
+			}
+			if why != "" {
+				break
+			}
+		}
+		assert.Contains(t, why, "across", "a tunnel over 200 zones, each under its bound, was not suspect")
+	})
+	t.Run("one letter repeated still costs its length", func(t *testing.T) {
+		d := newTunnelDetector(TunnelDetection{})
+		d.observe("a1", strings.Repeat("a", 40)+".zone.example", dns.TypeA, now)
+		az, _ := d.agents.Load("a1")
+		assert.Greater(t, az.(*agentZones).bits, 5.0)
+	})
+	t.Run("query types of one name", func(t *testing.T) {
+		d := newTunnelDetector(TunnelDetection{})
+		for qt := range forwardedTypes {
+			d.observe("a1", "x.types.example", qt, now)
+		}
+		az, _ := d.agents.Load("a1")
+		assert.GreaterOrEqual(t, az.(*agentZones).bits, float64(len(forwardedTypes)-1), "each new type asked of a name costs a bit")
+	})
 	t.Run("another agent's lookups are not counted", func(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{})
 		for _, name := range tunnelNames(200, "exfil.example", base32Label) {
-			d.observe("a1", name, now)
+			d.observe("a1", name, dns.TypeA, now)
 		}
-		assert.Empty(t, d.observe("a2", "www.exfil.example", now).why, "a2 suspect for a1's tunnel")
+		assert.Empty(t, d.observe("a2", "www.exfil.example", dns.TypeA, now).why, "a2 suspect for a1's tunnel")
 	})
 	t.Run("a new window starts afresh", func(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{Window: time.Minute})
 		for _, name := range tunnelNames(200, "exfil.example", base32Label) {
-			d.observe("a1", name, now)
+			d.observe("a1", name, dns.TypeA, now)
 		}
-		assert.Empty(t, d.observe("a1", "www.exfil.example", now.Add(time.Minute)).why)
+		assert.Empty(t, d.observe("a1", "www.exfil.example", dns.TypeA, now.Add(time.Minute)).why)
 	})
 }
 
@@ -189,8 +218,11 @@ func TestTunnelFalsePositives(t *testing.T) {
 	now := time.Now()
 	var flagged []string
 	for _, name := range names {
-		if s := d.observe("a1", name, now); s.why != "" {
-			flagged = append(flagged, name+": "+s.why)
+		for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeHTTPS} { // as curl and browsers ask
+			if s := d.observe("a1", name, qt, now); s.why != "" {
+				flagged = append(flagged, name+": "+s.why)
+				break
+			}
 		}
 	}
 	assert.Empty(t, flagged, "ordinary names suspect")
@@ -201,8 +233,24 @@ func TestTunnelFalsePositives(t *testing.T) {
 			heaviest, most = zone, zc.bits
 		}
 	}
-	t.Logf("%d names, %d suspect (%.1f%%); heaviest zone %s: %.0f of %d bits", len(names), len(flagged),
-		100*float64(len(flagged))/float64(len(names)), heaviest, most, DefaultTunnelMaxBits)
+	t.Logf("%d names, %d suspect (%.1f%%); heaviest zone %s: %.0f of %d bits; all zones: %.0f of %.0f bits", len(names), len(flagged),
+		100*float64(len(flagged))/float64(len(names)), heaviest, most, DefaultTunnelMaxBits, az.(*agentZones).bits, d.cfg.MaxAgentBits)
+}
+
+// TestUnusualQueryTypesRefused: a query type outside what applications
+// ask is refused, not forwarded: its number would be a channel.
+func TestUnusualQueryTypesRefused(t *testing.T) {
+	h := newHarness(t, []string{"*.exfil.test"}, nil)
+	for _, qt := range []uint16{dns.TypeNULL, dns.TypeANY, 65280, 4242} {
+		before := h.up.total()
+		m := h.query("udp", "127.0.0.1", "x.exfil.test", qt, false)
+		assert.Equal(t, dns.RcodeNotImplemented, m.Rcode, "type %d", qt)
+		assert.Equal(t, before, h.up.total(), "type %d went upstream", qt)
+		assert.Equal(t, ReasonQueryType, h.lastRecord().Reason)
+	}
+	before := h.up.total()
+	h.query("udp", "127.0.0.1", "x.exfil.test", dns.TypeTXT, false)
+	assert.Equal(t, before+1, h.up.total(), "TXT was not forwarded")
 }
 
 // TestTunnelThroughServer: through the real server, suspect queries are
@@ -238,10 +286,10 @@ func BenchmarkTunnelObserve(b *testing.B) {
 	now := time.Now()
 	b.Run("seen", func(b *testing.B) {
 		d := newTunnelDetector(TunnelDetection{})
-		d.observe("a1", "registry.npmjs.org", now)
+		d.observe("a1", "registry.npmjs.org", dns.TypeA, now)
 		b.ReportAllocs()
 		for b.Loop() {
-			d.observe("a1", "registry.npmjs.org", now)
+			d.observe("a1", "registry.npmjs.org", dns.TypeA, now)
 		}
 	})
 	b.Run("new", func(b *testing.B) {
@@ -253,7 +301,7 @@ func BenchmarkTunnelObserve(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			d.observe("a1", names[i%len(names)], now)
+			d.observe("a1", names[i%len(names)], dns.TypeA, now)
 			i++
 		}
 	})
@@ -268,7 +316,7 @@ func FuzzTunnelObserve(f *testing.F) {
 	d := newTunnelDetector(TunnelDetection{MaxNames: 8, MaxLabels: 8, ZonesPerAgent: 4})
 	now := time.Now()
 	f.Fuzz(func(t *testing.T, name string) {
-		d.observe("a1", name, now)
+		d.observe("a1", name, dns.TypeA, now)
 		v, ok := d.agents.Load("a1")
 		if !ok {
 			return

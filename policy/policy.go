@@ -120,7 +120,6 @@ type Policy struct {
 	report       bool
 	denyReason   string                // for DenyAll: why
 	names        map[string]*nameRules // a name, or a suffix for its subdomains
-	denyWild     bool                  // some deny entry is a wildcard
 	allow        ruleSet
 	deny         ruleSet
 	doh          map[string]bool     // DoH resolvers' names
@@ -164,7 +163,6 @@ func (p *Policy) add(e entry, deny bool) {
 			nr.allowExact = append(nr.allowExact, e.rule)
 		case deny:
 			nr.denyWild = append(nr.denyWild, e.rule)
-			p.denyWild = true
 		default:
 			nr.allowWild = append(nr.allowWild, e.rule)
 		}
@@ -266,6 +264,13 @@ func New(cfg Config) (*Policy, error) {
 		}
 		p.add(e, true)
 		p.size++
+		if e.kind == kindWildcard {
+			// "!*.ngrok.io" means the whole domain: unlike an allow
+			// entry's wildcard, it covers the name itself too.
+			apex := e
+			apex.kind = kindName
+			p.add(apex, true)
+		}
 	}
 	for _, s := range append(slices.Clone(knownDoH), cfg.DoHEndpoints...) {
 		if a, err := netguard.ParseLiteral(s); err == nil {
@@ -374,7 +379,10 @@ func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
 	}
 	var deny Decision
 	var denied bool
+	resolver := p.doh[name]
 	hostname.Suffixes(name, func(suffix string) bool {
+		// A resolver's subdomains (dns64.dns.google) answer too.
+		resolver = resolver || p.doh[suffix]
 		if nr := p.names[suffix]; nr != nil {
 			if deny, denied = dm.match(nr.denyWild); denied {
 				return false
@@ -383,16 +391,16 @@ func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
 				d, ok = m.match(nr.allowWild)
 			}
 		}
-		return !ok || p.denyWild
+		return true
 	})
 	switch {
 	case denied:
 		return p.finish(Decision{Rule: deny.Rule, Reason: ReasonDenyEntry})
-	case p.doh[name] && !exact:
+	case resolver && !exact:
 		// A resolver that would answer any name over HTTPS: only an entry
 		// for it by name, not a wildcard, "*" or open mode, lets it in.
 		return p.finish(Decision{Rule: d.Rule, Reason: ReasonDoH})
-	case p.doh[name]:
+	case resolver:
 		return d
 	case p.mode == Open:
 		d, ok = Decision{Allowed: true, Reason: ReasonOpen}, true

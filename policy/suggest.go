@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/publicsuffix"
+
 	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/netguard"
 )
@@ -50,7 +52,9 @@ type Suggestion struct {
 }
 
 // Suggest proposes an allowlist from what an agent did, typically in
-// report mode: every name and address it reached, on the ports it used
+// report mode. It never proposes a DNS side door (a public DNS-over-HTTPS
+// resolver, port 853), nor a wildcard over a public suffix, a platform's
+// shared suffix, or "*": those are attempted, left out. Otherwise: every name and address it reached, on the ports it used
 // (80 and 443 make a bare entry); a name it only resolved, and connected
 // to no port of, gets a bare entry too. Invalid hosts are skipped.
 func Suggest(obs []Observation, cfg SuggestConfig) Suggestion {
@@ -71,8 +75,30 @@ func Suggest(obs []Observation, cfg SuggestConfig) Suggestion {
 		}
 		u.add(o)
 	}
+	// A DNS resolver reached around the gateway's DNS: only an operator's
+	// deliberate entry may allow it, never a learnt one.
+	sideDoors := map[string]bool{}
+	for key, u := range used {
+		switch {
+		case slices.Contains(knownDoH, key):
+			delete(used, key)
+		case u.ports[dotPort]:
+			delete(u.ports, dotPort)
+			if len(u.ports) == 0 {
+				delete(used, key)
+			}
+			u = &hostUse{host: u.host, name: u.name, ports: map[uint16]bool{dotPort: true}, count: u.count, first: u.first, last: u.last}
+		default:
+			continue
+		}
+		if a := attempted[key]; a != nil {
+			u.merge(a)
+		}
+		attempted[key] = u
+		sideDoors[key] = true
+	}
 	for key := range attempted {
-		if used[key] != nil {
+		if used[key] != nil && !sideDoors[key] {
 			delete(attempted, key) // it worked at least once
 		}
 	}
@@ -149,6 +175,9 @@ func collapse(uses map[string]*hostUse, n int) {
 		wild := "*." + parent
 		if _, err := hostname.ParsePattern(wild); err != nil {
 			continue // over a public suffix: never collapsed
+		}
+		if ps, _ := publicsuffix.PublicSuffix(parent); ps == parent {
+			continue // nor over a platform's (workers.dev, s3.amazonaws.com): its names are anyone's
 		}
 		w := &hostUse{host: wild, name: true, ports: map[uint16]bool{}, first: uses[names[0]].first, last: uses[names[0]].last}
 		for _, name := range names {

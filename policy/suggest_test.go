@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -68,4 +69,40 @@ func TestSuggest(t *testing.T) {
 	pc, err := c.Document.Compile()
 	require.NoError(t, err)
 	assert.True(t, pc.Decide("d.npmjs.org", 443).Allowed)
+}
+
+// TestSuggestNeverLearnsSideDoors: an agent in report mode that reaches
+// DNS resolvers around the gateway, or platforms anyone can put a name
+// under, does not get them into its learnt allowlist.
+func TestSuggestNeverLearnsSideDoors(t *testing.T) {
+	now := time.Now()
+	var obs []Observation
+	for _, h := range []string{"dns.google", "1.1.1.1", "8.8.8.8", "api.github.com"} {
+		obs = append(obs, Observation{Host: h, Port: 443, Time: now, Succeeded: true})
+	}
+	obs = append(obs, Observation{Host: "9.9.9.9", Port: 853, Time: now, Succeeded: true},
+		Observation{Host: "dot.attacker.example", Port: 853, Time: now, Succeeded: true},
+		Observation{Host: "both.example", Port: 853, Time: now, Succeeded: true},
+		Observation{Host: "both.example", Port: 443, Time: now, Succeeded: true})
+	for _, parent := range []string{"workers.dev", "ngrok-free.app", "s3.amazonaws.com", "github.io"} {
+		for _, sub := range []string{"a", "b", "c"} {
+			obs = append(obs, Observation{Host: sub + "." + parent, Port: 443, Time: now, Succeeded: true})
+		}
+	}
+	s := Suggest(obs, SuggestConfig{Collapse: 3})
+	for _, e := range s.Document.Allow {
+		assert.NotContains(t, []string{"dns.google", "1.1.1.1", "8.8.8.8", "9.9.9.9:853", "dot.attacker.example:853", "both.example:853"}, e, "a side door was learnt")
+		assert.False(t, strings.HasPrefix(e, "*."), "a platform's suffix was collapsed: %s", e)
+	}
+	assert.Contains(t, s.Document.Allow, "both.example", "what else a side door's host did is still learnt")
+	assert.Contains(t, s.Document.Allow, "a.workers.dev", "the names themselves are learnt")
+	var attempted []string
+	for _, e := range s.Attempted {
+		attempted = append(attempted, e.Entry)
+	}
+	assert.Subset(t, attempted, []string{"dns.google", "1.1.1.1", "9.9.9.9:853", "both.example:853"}, "side doors are reported as left out")
+	p, err := s.Document.Compile()
+	require.NoError(t, err)
+	assert.False(t, p.Decide("exfil.workers.dev", 443).Allowed)
+	assert.False(t, p.Decide("dns.google", 443).Allowed)
 }

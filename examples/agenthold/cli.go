@@ -336,13 +336,13 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return err
 	}
-	obs, err := observe.Read(resp.Body, agent)
+	obs, skipped, err := observe.Read(resp.Body, agent)
 	resp.Body.Close()
 	if err != nil {
 		return err
 	}
 	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN})
-	fmt.Printf("# From %d records of %s. Each entry: uses, first and last seen.\n", len(obs), agent)
+	fmt.Printf("# From %d records of %s (%d unreadable, skipped). Each entry: uses, first and last seen.\n", len(obs), agent, skipped)
 	for _, e := range s.Used {
 		fmt.Printf("#   %-40s %5d  %s  %s\n", e.Entry, e.Count, e.FirstSeen.Format(time.RFC3339), e.LastSeen.Format(time.RFC3339))
 	}

@@ -37,7 +37,7 @@ Usage:
                 [--log FILE] [--upstream-roots FILE] [--dns-tunnelling record|refuse]
   sidecar install-ca --bundle OUT [--base /etc/ssl/certs/ca-certificates.crt]
                 [--from http://127.0.0.1:15004/ca.pem] [--exempt-uid 1337]
-  sidecar suggest --log FILE [--collapse N]
+  sidecar suggest --log FILE [--policy CURRENT] [--collapse N]
 
 Exit codes: 0 done, 1 failed (the message says why), 2 bad usage.
 `

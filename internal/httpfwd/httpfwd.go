@@ -185,18 +185,32 @@ func HostOnly(hostport string) string {
 }
 
 // IsDoH reports whether a request looks like DNS over HTTPS: a DNS
-// message in its body or asked for (RFC 8484's application/dns-message),
-// the JSON form some resolvers speak (application/dns-json), or a "dns"
-// query parameter (RFC 8484's GET form). Such a request resolves any name
-// past the gateway's DNS.
+// message in its body or asked for (RFC 8484's application/dns-message,
+// and the older types resolvers still accept), the JSON form some
+// resolvers speak (application/dns-json, also asked for with ?ct=), a
+// "dns" query parameter (RFC 8484's GET form), or a "name" parameter
+// with a "type" (the JSON GET form). Every value of every header counts,
+// and ";" separates parameters as "&" does. Such a request resolves any
+// name past the gateway's DNS. It is a heuristic: a resolver that takes
+// other forms still needs its host kept out by the policy.
 func IsDoH(r *http.Request) bool {
-	for _, h := range []string{r.Header.Get("Content-Type"), r.Header.Get("Accept")} {
-		for part := range strings.SplitSeq(h, ",") {
-			mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part))
-			if mt == "application/dns-message" || mt == "application/dns-json" {
-				return true
+	for _, key := range []string{"Content-Type", "Accept"} {
+		for _, h := range r.Header.Values(key) {
+			for part := range strings.SplitSeq(h, ",") {
+				if mt, _, _ := mime.ParseMediaType(strings.TrimSpace(part)); dohTypes[mt] {
+					return true
+				}
 			}
 		}
 	}
-	return r.URL.Query().Has("dns")
+	q, _ := url.ParseQuery(strings.ReplaceAll(r.URL.RawQuery, ";", "&"))
+	return q.Has("dns") || dohTypes[q.Get("ct")] || (q.Has("name") && q.Has("type"))
+}
+
+// dohTypes are the media types of DNS messages over HTTP.
+var dohTypes = map[string]bool{
+	"application/dns-message":       true,
+	"application/dns-json":          true,
+	"application/dns-udpwireformat": true, // before RFC 8484
+	"application/x-dns-message":     true,
 }

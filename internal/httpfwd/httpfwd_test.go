@@ -67,3 +67,36 @@ func TestTransportsNeverUseAnEnvironmentProxy(t *testing.T) {
 		assert.Equal(t, DefaultResponseHeaderTimeout, tr.ResponseHeaderTimeout)
 	}
 }
+
+func TestIsDoH(t *testing.T) {
+	req := func(method, target string, header http.Header) *http.Request {
+		r := httptest.NewRequest(method, target, nil)
+		for k, v := range header {
+			r.Header[k] = v
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		r    *http.Request
+		doh  bool
+	}{
+		{"RFC 8484 POST", req("POST", "/dns-query", http.Header{"Content-Type": {"application/dns-message"}}), true},
+		{"RFC 8484 GET", req("GET", "/dns-query?dns=AAABAAABAAAAAAAAA3d3dwdleGFtcGxlA2NvbQAAAQAB", nil), true},
+		{"GET, asking for a DNS message", req("GET", "/q", http.Header{"Accept": {"text/html, application/dns-message;q=0.9"}}), true},
+		{"JSON, asked for", req("GET", "/resolve?name=example.com", http.Header{"Accept": {"application/dns-json"}}), true},
+		{"JSON, by ct", req("GET", "/resolve?name=example.com&ct=application/dns-json", nil), true},
+		{"JSON GET form", req("GET", "/resolve?name=example.com&type=A", nil), true},
+		{"the draft's type", req("POST", "/", http.Header{"Content-Type": {"application/dns-udpwireformat"}}), true},
+		{"x- type", req("POST", "/", http.Header{"Content-Type": {"application/x-dns-message"}}), true},
+		{"a second Content-Type", req("POST", "/", http.Header{"Content-Type": {"text/plain", "application/dns-message"}}), true},
+		{"a second Accept", req("GET", "/", http.Header{"Accept": {"*/*", "application/dns-message"}}), true},
+		{"; separates parameters", req("GET", "/q?a=1;dns=AAAB", nil), true},
+		{"case and parameters", req("POST", "/", http.Header{"Content-Type": {"Application/DNS-Message; charset=x"}}), true},
+		{"an ordinary POST", req("POST", "/api", http.Header{"Content-Type": {"application/json"}}), false},
+		{"a search for a name", req("GET", "/search?name=alice", nil), false},
+		{"a page about DNS", req("GET", "/docs/dns", http.Header{"Accept": {"text/html"}}), false},
+	} {
+		assert.Equal(t, tc.doh, IsDoH(tc.r), tc.name)
+	}
+}

@@ -5,7 +5,6 @@ package observe
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"strings"
 
@@ -22,7 +21,7 @@ func Of(r egresslog.Record) (policy.Observation, bool) {
 	if r.Host == "" || r.Agent == "" {
 		return policy.Observation{}, false
 	}
-	o := policy.Observation{Host: r.Host, Port: r.Port, Time: r.Time, Succeeded: r.Allowed}
+	o := policy.Observation{Host: r.Host, Port: r.Port, Time: r.Time, Succeeded: r.Allowed && !refusedOutright(r)}
 	switch r.Kind {
 	case egresslog.KindDNS:
 		o.Port = 0
@@ -38,19 +37,36 @@ func Of(r egresslog.Record) (policy.Observation, bool) {
 	return o, true
 }
 
+// refusedOutright reports whether a record in report mode says what
+// enforcement refuses whatever an allow entry says (a deny entry, a DNS
+// side door): no suggestion may learn it.
+func refusedOutright(r egresslog.Record) bool {
+	if !r.Report {
+		return false
+	}
+	switch r.Reason {
+	case policy.ReasonDenyEntry, policy.ReasonDoH, policy.ReasonDoT:
+		return true
+	}
+	return false
+}
+
 // Read reads JSON-line records (egresslog's file form) and returns the
-// observations of agent's ("" for every agent's).
-func Read(r io.Reader, agent string) ([]policy.Observation, error) {
+// observations of agent's ("" for every agent's), and how many lines it
+// could not read (a line cut short by a crash, say), which it skips.
+func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 	var out []policy.Observation
+	skipped := 0
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for line := 1; sc.Scan(); line++ {
+	for sc.Scan() {
 		if len(strings.TrimSpace(sc.Text())) == 0 {
 			continue
 		}
 		rec, err := egresslog.ParseJSON(sc.Bytes())
 		if err != nil {
-			return nil, fmt.Errorf("line %d: %w", line, err)
+			skipped++
+			continue
 		}
 		if agent != "" && rec.Agent != agent {
 			continue
@@ -59,5 +75,5 @@ func Read(r io.Reader, agent string) ([]policy.Observation, error) {
 			out = append(out, o)
 		}
 	}
-	return out, sc.Err()
+	return out, skipped, sc.Err()
 }

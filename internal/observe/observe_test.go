@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
 )
 
 func TestOf(t *testing.T) {
@@ -26,6 +27,9 @@ func TestOf(t *testing.T) {
 		{"upstream failed", egresslog.Record{Agent: "a", Kind: egresslog.KindTCP, Host: "x.test", Port: 22, Allowed: true, Reason: "upstream: refused"}, true, false, 22},
 		{"no agent", egresslog.Record{Kind: egresslog.KindTLS, Host: "x.test", Port: 443, Allowed: true}, false, false, 0},
 		{"no port", egresslog.Record{Agent: "a", Kind: egresslog.KindTLS, Host: "x.test", Allowed: true}, false, false, 0},
+		{"report mode, a deny entry", egresslog.Record{Agent: "a", Kind: egresslog.KindTLS, Host: "x.test", Port: 443, Allowed: true, Report: true, Reason: policy.ReasonDenyEntry}, true, false, 443},
+		{"report mode, a DoH resolver", egresslog.Record{Agent: "a", Kind: egresslog.KindHTTP, Host: "x.test", Port: 443, Allowed: true, Report: true, Reason: policy.ReasonDoH}, true, false, 443},
+		{"report mode, DoT", egresslog.Record{Agent: "a", Kind: egresslog.KindTCP, Host: "x.test", Port: 853, Allowed: true, Report: true, Reason: policy.ReasonDoT}, true, false, 853},
 	} {
 		tc.rec.Time = now
 		o, ok := Of(tc.rec)
@@ -45,10 +49,9 @@ func TestRead(t *testing.T) {
 	} {
 		b.Write(append(r.AppendJSON(nil), '\n'))
 	}
-	obs, err := Read(strings.NewReader(b.String()), "a")
+	obs, skipped, err := Read(strings.NewReader(b.String()+"{\"time\":\"2026-12-01T00:00:00Z\",\"agent\":\"a\",\"ki\n"), "a")
 	require.NoError(t, err)
 	require.Len(t, obs, 1)
 	assert.Equal(t, "x.test", obs[0].Host)
-	_, err = Read(strings.NewReader("{not json\n"), "")
-	assert.Error(t, err)
+	assert.Equal(t, 1, skipped, "a line cut short is skipped and counted")
 }

@@ -1,0 +1,38 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/agenthold/egress/policy"
+)
+
+// TestSuggestionKeepsTheCurrentRefusals: what the current file refuses
+// (deny entries, in a deny list or among allowOut, its DoH endpoints) and
+// its private-network setting survive into the suggestion, and a name the
+// sandbox reached only because report mode let a deny entry pass is not
+// learnt.
+func TestSuggestionKeepsTheCurrentRefusals(t *testing.T) {
+	var keep policy.Document
+	require.NoError(t, yaml.Unmarshal([]byte("enforce: true\nreport: true\nallowOut: ['!pastebin.com', api.test]\ndeny: ['*.ngrok.io']\ndoh-endpoints: [doh.internal.example]\nallowPrivateNetworks: true\n"), &keep))
+	now := time.Now()
+	s := policy.Suggest([]policy.Observation{
+		{Host: "api.test", Port: 443, Time: now, Succeeded: true},
+		{Host: "pastebin.com", Port: 443, Time: now, Succeeded: false}, // what observe.Of makes of a report-mode deny
+	}, policy.SuggestConfig{})
+	var out strings.Builder
+	require.NoError(t, writeSuggestion(&out, s, keep, 2, 0))
+	p, err := policy.Parse([]byte(out.String()))
+	require.NoError(t, err, out.String())
+	assert.True(t, p.Decide("api.test", 443).Allowed, out.String())
+	assert.False(t, p.Decide("pastebin.com", 443).Allowed, out.String())
+	assert.False(t, p.Decide("x.ngrok.io", 443).Allowed, out.String())
+	assert.True(t, p.AllowPrivateNetworks(), out.String())
+	assert.Contains(t, out.String(), "doh.internal.example")
+	assert.NotContains(t, out.String(), "report: true", "the suggestion stays in report mode")
+}
