@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/internal/httpfwd"
@@ -351,6 +353,7 @@ type reqState struct {
 	upstreamErr  string
 	refused      bool             // netguard refused the upstream address
 	redact       *redact.Replacer // nil: nothing to redact
+	wsSub        *redact.Replacer // a WebSocket's client messages' substitutions, or nil
 }
 
 type reqStateKey struct{}
@@ -420,6 +423,13 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st := &reqState{info: info, host: canon, allowPrivate: info.pol.AllowPrivateNetworks(), redact: red}
+	if ws, ok := i.Injector.(WebSocketSubstituter); ok && red != nil && httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "websocket") {
+		if st.wsSub, err = ws.WebSocketSubstitution(info.agent, canon); err != nil {
+			rec.Allowed, rec.Reason = false, ReasonInjectFailed
+			http.Error(cw, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
+			return
+		}
+	}
 	body := httpmeter.CountBody(r)
 	var out http.ResponseWriter = cw
 	if red != nil {
@@ -471,7 +481,7 @@ func (i *Interceptor) modifyResponse(resp *http.Response) error {
 	if st.redact == nil {
 		return nil
 	}
-	if err := redactResponse(resp, st.redact); err != nil {
+	if err := redactResponse(resp, st.redact, st.wsSub); err != nil {
 		return fmt.Errorf("%w: %v", errRedactFailed, err)
 	}
 	return nil

@@ -30,14 +30,14 @@ type Redactor interface {
 
 // redactResponse redacts what the upstream answered; the error refuses
 // the response.
-func redactResponse(resp *http.Response, red *redact.Replacer) error {
+func redactResponse(resp *http.Response, red, wsSub *redact.Replacer) error {
 	redactHeader(resp.Header, red)
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		rwc, ok := resp.Body.(io.ReadWriteCloser)
 		if !ok {
 			return fmt.Errorf("upgraded connection is not readable and writable")
 		}
-		resp.Body = newFrameRedactor(rwc, red)
+		resp.Body = newFrameRedactor(rwc, red, wsSub)
 		return nil
 	}
 	if resp.Request.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {

@@ -11,7 +11,7 @@ import (
 
 // frameRedactor is the upstream end of an upgraded WebSocket connection,
 // as the proxy sees it: what the client writes goes to the server as it
-// is; what the server sends is read frame by frame, and each message's
+// is (or through a frameSubstituter); what the server sends is read frame by frame, and each message's
 // payload passes through the redactor. Since a value and its placeholder
 // differ in length, a data frame comes out as fragments of the same
 // message (RFC 6455, section 5.4), each as soon as its bytes are certain,
@@ -22,6 +22,7 @@ import (
 type frameRedactor struct {
 	conn io.ReadWriteCloser
 	red  *redact.Replacer
+	sub  *frameSubstituter // what the client writes, when a rule substitutes in it
 
 	store []byte // where in lives
 	in    []byte // read from the server, not yet parsed
@@ -39,12 +40,21 @@ type frameRedactor struct {
 	err        error
 }
 
-func newFrameRedactor(conn io.ReadWriteCloser, red *redact.Replacer) *frameRedactor {
-	return &frameRedactor{conn: conn, red: red, store: make([]byte, 64<<10)}
+func newFrameRedactor(conn io.ReadWriteCloser, red, sub *redact.Replacer) *frameRedactor {
+	f := &frameRedactor{conn: conn, red: red, store: make([]byte, 64<<10)}
+	if sub != nil {
+		f.sub = &frameSubstituter{conn: conn, sub: sub}
+	}
+	return f
 }
 
-func (f *frameRedactor) Write(p []byte) (int, error) { return f.conn.Write(p) }
-func (f *frameRedactor) Close() error                { return f.conn.Close() }
+func (f *frameRedactor) Write(p []byte) (int, error) {
+	if f.sub != nil {
+		return f.sub.Write(p)
+	}
+	return f.conn.Write(p)
+}
+func (f *frameRedactor) Close() error { return f.conn.Close() }
 
 // maxControlPayload is the most a control frame may carry.
 const maxControlPayload = 125

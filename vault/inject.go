@@ -145,7 +145,17 @@ func apply(r *http.Request, rule *compiledRule, placeholder, value string) (bool
 	if rule.inQuery && strings.Contains(r.URL.RawQuery, placeholder) {
 		r.URL.RawQuery = strings.ReplaceAll(r.URL.RawQuery, placeholder, url.QueryEscape(value))
 	}
-	r.Header.Set(rule.Header, rendered)
+	if rule.inPath && strings.Contains(r.URL.Path, placeholder) {
+		replacePath(r.URL, placeholder, value)
+	}
+	if rule.inBody && rule.takesBody(r) {
+		if err := replaceBody(r, placeholder, value); err != nil {
+			return false, err
+		}
+	}
+	if rule.Header != "" {
+		r.Header.Set(rule.Header, rendered)
+	}
 	return true, nil
 }
 

@@ -4,8 +4,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"mime"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"text/template"
 
@@ -49,10 +51,14 @@ const (
 )
 
 // Places where an inject rule replaces its placeholder in a request.
+// Headers and query are the default; the others are opt-in.
 const (
 	InHeaders    = "header"      // any request header
 	InQuery      = "query"       // the query string
 	InRuleHeader = "rule-header" // only the rule's own header
+	InPath       = "path"        // the URL path (a bot token in /bot<token>/)
+	InBody       = "body"        // the body, for the rule's BodyTypes only
+	InWebSocket  = "websocket"   // the client's WebSocket text messages
 )
 
 // Rule says where a secret may be sent and how.
@@ -61,7 +67,8 @@ type Rule struct {
 	// for every subdomain (never the apex), as in policy entries.
 	Hosts []string `json:"hosts"`
 	// Header is the request header the secret goes in, such as
-	// "Authorization".
+	// "Authorization"; an inject rule whose ReplaceIn lists only places
+	// (no rule-header) may leave it empty and set no header.
 	Header string `json:"header"`
 	// Template renders the header value from the secret: {{.Value}} is the
 	// secret, and base64 encodes a string, as in
@@ -75,10 +82,15 @@ type Rule struct {
 	Paths []string `json:"paths,omitempty"`
 	// Mode is Inject (the default when empty), Login or Refresh.
 	Mode Mode `json:"mode,omitempty"`
-	// ReplaceIn narrows where an Inject rule replaces its placeholder:
-	// InHeaders, InQuery, or InRuleHeader alone. Empty means headers and
-	// query, as the seed has it.
+	// ReplaceIn says where an Inject rule replaces its placeholder:
+	// InHeaders, InQuery, InPath, InBody, InWebSocket, or InRuleHeader
+	// alone. Empty means headers and query, as the seed has it; path,
+	// body and WebSocket messages are replaced only when listed.
 	ReplaceIn []string `json:"replace_in,omitempty"`
+	// BodyTypes are the media types ("application/json") whose bodies an
+	// InBody rule replaces in; it must list at least one. Bodies of other
+	// types pass unchanged.
+	BodyTypes []string `json:"body_types,omitempty"`
 }
 
 // compiledRule is a checked rule, ready to match and render.
@@ -86,8 +98,8 @@ type compiledRule struct {
 	Rule
 	hosts []hostname.Pattern
 	// Where an inject rule replaces its placeholder.
-	inHeaders, inQuery bool
-	tmpl               *template.Template
+	inHeaders, inQuery, inPath, inBody, inWebSocket bool
+	tmpl                                            *template.Template
 	// simple is set for templates of the form "prefix{{.Value}}suffix",
 	// which render without text/template.
 	simple         bool
@@ -122,21 +134,38 @@ func (r Rule) compile() (*compiledRule, error) {
 	}
 	for _, place := range r.ReplaceIn {
 		switch {
-		case place != InHeaders && place != InQuery && place != InRuleHeader:
-			return nil, fmt.Errorf("vault: replace_in: unknown place %q (want header, query or rule-header)", place)
+		case !slices.Contains([]string{InHeaders, InQuery, InRuleHeader, InPath, InBody, InWebSocket}, place):
+			return nil, fmt.Errorf("vault: replace_in: unknown place %q (want header, query, path, body, websocket or rule-header)", place)
 		case r.Mode != Inject:
 			return nil, fmt.Errorf("vault: replace_in is for inject rules (a %s rule has its own)", r.Mode)
 		case place == InRuleHeader && len(r.ReplaceIn) > 1:
 			return nil, errors.New("vault: replace_in: rule-header stands alone")
 		}
 	}
-	if !httpguts.ValidHeaderFieldName(r.Header) {
+	// An inject rule that only replaces its placeholder where the request
+	// carries it (replace_in without rule-header) may set no header.
+	replaceOnly := r.Mode == Inject && len(r.ReplaceIn) > 0 && !slices.Contains(r.ReplaceIn, InRuleHeader)
+	if !(replaceOnly && r.Header == "") && !httpguts.ValidHeaderFieldName(r.Header) {
 		return nil, fmt.Errorf("vault: invalid header name %q", r.Header)
 	}
 	c := &compiledRule{Rule: r, inHeaders: len(r.ReplaceIn) == 0, inQuery: len(r.ReplaceIn) == 0}
 	for _, place := range r.ReplaceIn {
 		c.inHeaders = c.inHeaders || place == InHeaders
 		c.inQuery = c.inQuery || place == InQuery
+		c.inPath = c.inPath || place == InPath
+		c.inBody = c.inBody || place == InBody
+		c.inWebSocket = c.inWebSocket || place == InWebSocket
+	}
+	switch {
+	case c.inBody && len(r.BodyTypes) == 0:
+		return nil, errors.New("vault: replace_in body needs body_types, the media types to replace in")
+	case !c.inBody && len(r.BodyTypes) > 0:
+		return nil, errors.New("vault: body_types without replace_in body")
+	}
+	for _, t := range r.BodyTypes {
+		if mt, _, err := mime.ParseMediaType(t); err != nil || mt != strings.ToLower(t) {
+			return nil, fmt.Errorf("vault: body_types: %q is not a media type without parameters", t)
+		}
 	}
 	for _, h := range r.Hosts {
 		pat, err := parseRuleHost(h)

@@ -59,13 +59,16 @@ func init() {
 				"policy set AGENT --mode allowlist --report). It prints the policy file and the policy set command,\n" +
 				"with how often and when each entry was used, and what was only attempted; --apply sets it.\n" +
 				"--collapse N turns N or more sibling names into one *.parent entry (never *)."},
-		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... --header NAME [--template T] [--path P]... [--mode M] [--replace-in P]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
+		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... [--header NAME] [--template T] [--path P]... [--mode M] [--replace-in P]... [--body-type T]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
 			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument.\n" +
 				"--template is a Go template of the header's value: {{.Value}} is the secret, and base64 is available.\n" +
 				"Examples:\n" +
 				"  agenthold secret put github --preset github < token\n" +
 				"  agenthold secret put internal --host api.internal.example --header Authorization --template 'Bearer {{.Value}}' < token\n" +
-				"  agenthold secret put git --host github.com --header Authorization --template 'Basic {{base64 (print \"x-access-token:\" .Value)}}' < token"},
+				"  agenthold secret put git --host github.com --header Authorization --template 'Basic {{base64 (print \"x-access-token:\" .Value)}}' < token\n" +
+				"  agenthold secret put aws --preset aws <<< 'AKIA...:secret'     # the sandbox signs with the placeholder; the gateway re-signs\n" +
+				"  agenthold secret put app --preset github-app --from-file app.json  # installation tokens minted at the gateway\n" +
+				"  agenthold secret put bot --host api.telegram.org --replace-in path < token  # /bot<placeholder>/sendMessage"},
 		{name: "secret list", synopsis: "[--json]", run: cmdSecretList,
 			help: "List the secrets and their rules (never their values)."},
 		{name: "secret delete", synopsis: "NAME", run: cmdSecretDelete,
@@ -434,15 +437,16 @@ func policyText(p PolicySpec) string {
 // cmdSecretPut reads the value from stdin or a file, never an argument,
 // so that it stays out of shell history and process listings.
 func cmdSecretPut(env *cliEnv, fs *flag.FlagSet, args []string) error {
-	preset := fs.String("preset", "", "a preset rule: anthropic, openai, github, github-git, gitlab, gitlab-git, openrouter")
+	preset := fs.String("preset", "", "a preset rule: "+strings.Join(vault.PresetNames(), ", ")+" (aws: the value is KEY_ID:SECRET[:SESSION_TOKEN]; github-app: a JSON object of app_id, installation_id, private_key)")
 	var hosts, paths stringList
 	fs.Var(&hosts, "host", "a host the secret may go to (repeatable): api.example.com or *.example.com")
 	fs.Var(&paths, "path", "limit the rule to this URL path prefix (repeatable)")
 	header := fs.String("header", "", "the request header to set")
 	tmpl := fs.String("template", "", `the header's value: {{.Value}} is the secret, e.g. "Bearer {{.Value}}" (default {{.Value}})`)
-	mode := fs.String("mode", "inject", "inject (set the header, replace the placeholder where --replace-in says), login (replace it only in the header the client sends, never add it) or refresh (an OAuth refresh token: only the gateway's token_refresh grant sends it)")
-	var replaceIn stringList
-	fs.Var(&replaceIn, "replace-in", "where an inject rule replaces the placeholder (repeatable): header, query, or rule-header alone (default: header and query)")
+	mode := fs.String("mode", "inject", "inject (set the header, replace the placeholder where --replace-in says), login (replace it only in the header the client sends, never add it), refresh (an OAuth refresh token: only the gateway's token_refresh grant sends it), aws-sigv4 or github-app")
+	var replaceIn, bodyTypes stringList
+	fs.Var(&replaceIn, "replace-in", "where an inject rule replaces the placeholder (repeatable): header, query, path, body, websocket, or rule-header alone (default: header and query; path, body and websocket only when named)")
+	fs.Var(&bodyTypes, "body-type", "a media type whose bodies --replace-in body replaces in (repeatable): application/json")
 	fromFile := fs.String("from-file", "", "read the value from this file instead of stdin")
 	owner := fs.String("owner", "", "who the secret belongs to (informational)")
 	pos, err := parse(fs, args, 1)
@@ -451,10 +455,10 @@ func cmdSecretPut(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	req := SecretPut{Preset: *preset, Owner: *owner}
 	if *preset == "" {
-		if len(hosts) == 0 || *header == "" {
-			return usagef("secret put needs --preset, or --host and --header")
+		if len(hosts) == 0 {
+			return usagef("secret put needs --preset, or --host (and --header, unless --replace-in names where the placeholder goes)")
 		}
-		r := vault.Rule{Hosts: hosts, Header: *header, Template: *tmpl, Paths: paths, Mode: vault.Mode(*mode), ReplaceIn: replaceIn}
+		r := vault.Rule{Hosts: hosts, Header: *header, Template: *tmpl, Paths: paths, Mode: vault.Mode(*mode), ReplaceIn: replaceIn, BodyTypes: bodyTypes}
 		req.Rule = &r
 	}
 	var in io.Reader = os.Stdin
