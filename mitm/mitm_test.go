@@ -538,10 +538,18 @@ func TestTrustFiles(t *testing.T) {
 	assert.True(t, pool.AppendCertsFromPEM(b), "the bundle is not the system roots followed by the CA: it does not parse")
 	assert.True(t, strings.HasSuffix(string(b), string(ca.PEM())), "the bundle is not the system roots followed by the CA: it does not end with the CA")
 	assert.GreaterOrEqual(t, strings.Count(string(b), "BEGIN CERTIFICATE"), 10, "the bundle is not the system roots followed by the CA: too few certificates")
-	env := strings.Join(Env("/etc/egress/bundle.pem", "/etc/egress/ca.pem"), " ")
-	for _, v := range []string{"SSL_CERT_FILE=/etc/egress/bundle.pem", "NODE_EXTRA_CA_CERTS=/etc/egress/ca.pem", "REQUESTS_CA_BUNDLE=", "CURL_CA_BUNDLE=", "GIT_SSL_CAINFO=", "AWS_CA_BUNDLE="} {
+	env := strings.Join(Env("/etc/egress/bundle.pem", "/etc/egress/node-extra.pem"), " ")
+	for _, v := range []string{"SSL_CERT_FILE=/etc/egress/bundle.pem", "NODE_EXTRA_CA_CERTS=/etc/egress/node-extra.pem", "REQUESTS_CA_BUNDLE=", "CURL_CA_BUNDLE=",
+		"GIT_SSL_CAINFO=", "AWS_CA_BUNDLE=", "PIP_CERT=", "NPM_CONFIG_CAFILE=", "CARGO_HTTP_CAINFO="} {
 		assert.Contains(t, env, v, "Env lacks %s", v)
 	}
+	// Node.js: the CA and the extra upstream roots, not the system's.
+	extra, _ := NewCA("an operator's private root")
+	node := ca.NodeExtra(extra.PEM())
+	assert.True(t, strings.HasPrefix(string(node), string(ca.PEM())), "NodeExtra does not start with the CA")
+	assert.Contains(t, string(node), string(extra.PEM()), "NodeExtra lacks the extra root")
+	assert.Equal(t, 2, strings.Count(string(node), "BEGIN CERTIFICATE"), "NodeExtra holds more than the CA and the extra root")
+	assert.Equal(t, string(ca.PEM()), string(ca.NodeExtra(nil)), "NodeExtra without extra roots is the CA")
 }
 
 func TestRefreshExchange(t *testing.T) {

@@ -135,7 +135,8 @@ func buildWorld() (w *world, err error) {
 	step("agents: alice (allowlist, two secrets) and bob (allowlist, none)")
 	for _, args := range [][]string{
 		{"agent", "create", "alice", "--mode", "allowlist", "--allow", "api.anthropic.com", "--allow", "github.com",
-			"--allow", "*.npmjs.org", "--allow", "ssh.example.net:22", "--allow", "www.example.com", "--allow", "echo.example.com"},
+			"--allow", "*.npmjs.org", "--allow", "ssh.example.net:22", "--allow", "www.example.com", "--allow", "echo.example.com",
+			"--allow", "pypi.org", "--allow", "files.pythonhosted.org"},
 		{"agent", "create", "bob", "--mode", "allowlist", "--allow", "www.example.com"},
 	} {
 		if err := w.cli(io.Discard, args...); err != nil {

@@ -4,7 +4,6 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -34,15 +33,17 @@ const (
 
 // fakeHosts maps the demo's names to their addresses on the fake internet.
 var fakeHosts = map[string]string{
-	"api.anthropic.com.":  "198.18.10.1",
-	"github.com.":         "198.18.10.2",
-	"registry.npmjs.org.": "198.18.10.3",
-	"npmjs.org.":          "198.18.10.3",
-	"www.example.com.":    "198.18.10.4",
-	"ssh.example.net.":    "198.18.10.5",
-	"evil.example.org.":   "198.18.10.6",
-	"echo.example.com.":   "198.18.10.7",
-	"slow.example.com.":   "198.18.10.8",
+	"api.anthropic.com.":      "198.18.10.1",
+	"github.com.":             "198.18.10.2",
+	"registry.npmjs.org.":     "198.18.10.3",
+	"npmjs.org.":              "198.18.10.3",
+	"www.example.com.":        "198.18.10.4",
+	"ssh.example.net.":        "198.18.10.5",
+	"evil.example.org.":       "198.18.10.6",
+	"echo.example.com.":       "198.18.10.7",
+	"slow.example.com.":       "198.18.10.8",
+	"pypi.org.":               "198.18.10.9",
+	"files.pythonhosted.org.": "198.18.10.9",
 }
 
 // slowZone is a domain whose authoritative server takes slowDNSDelay to
@@ -104,6 +105,7 @@ func startInternet(ns *netns.NS, dir string) (*internet, error) {
 			{"198.18.10.6:443", "evil.example.org", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "you reached evil.example.org") })},
 			{"198.18.10.7:443", "echo.example.com", http.HandlerFunc(fakeEcho)},
 			{"198.18.10.8:443", "slow.example.com", http.HandlerFunc(fakeSlow)},
+			{"198.18.10.9:443", "pypi.org", http.HandlerFunc(fakePyPI)},
 		}
 		for _, s := range services {
 			ln, err := net.Listen("tcp", s.addr)
@@ -294,11 +296,6 @@ func makeGitRepo(dir string) (string, error) {
 		return "", fmt.Errorf("git symbolic-ref: %v: %s", err, out)
 	}
 	return root, nil
-}
-
-func fakeRegistry(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"name": strings.TrimPrefix(r.URL.Path, "/"), "dist-tags": map[string]string{"latest": "1.3.0"}, "served-by": r.Host})
 }
 
 // fakeEcho answers with the request's headers: the kind of service the

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,4 +98,21 @@ func goClientCopy(t *testing.T) string {
 	path := filepath.Join(dir, "goclient")
 	require.NoError(t, os.WriteFile(path, b, 0o755))
 	return path
+}
+
+// TestNodeTrustsUpstreamRoots: Node.js reads NODE_EXTRA_CA_CERTS on top
+// of its own roots, never the system bundle, so that file holds the
+// gateway's CA and the extra upstream roots: a host passed through whose
+// chain ends at one of those (the demo's internet) verifies.
+func TestNodeTrustsUpstreamRoots(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Skip("requires node")
+	}
+	w := requireWorld(t)
+	script := `node -e "require('https').get('https://registry.npmjs.org/left-pad', r => { let b = ''; r.on('data', d => b += d); r.on('end', () => console.log(r.statusCode, b)) }).on('error', e => { console.error(e.message); process.exit(1) })"`
+	for _, path := range []string{"", "unset HTTPS_PROXY HTTP_PROXY https_proxy http_proxy; "} {
+		out, err := w.inSandbox("alice", path+script)
+		require.NoError(t, err, "node https to a host passed through: %s", out)
+		assert.Contains(t, out, `"served-by":"registry.npmjs.org"`)
+	}
 }

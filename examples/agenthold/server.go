@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +63,12 @@ type server struct {
 // Paths of the files a sandbox needs to trust the interception CA.
 func (s *server) caPath() string     { return filepath.Join(s.cfg.DataDir, "egress", "ca.crt") }
 func (s *server) bundlePath() string { return filepath.Join(s.cfg.DataDir, "egress", "bundle.pem") }
+
+// nodeExtraPath is NODE_EXTRA_CA_CERTS's file: the CA and the extra
+// upstream roots (mitm.CA.NodeExtra).
+func (s *server) nodeExtraPath() string {
+	return filepath.Join(s.cfg.DataDir, "egress", "node-extra.pem")
+}
 
 // startServer brings the gateway up: state, vault, CA, DNS, proxies,
 // rules, agents, admin API. On any error what was started is stopped.
@@ -160,12 +167,15 @@ func (s *server) openCA() error {
 	if err != nil {
 		return err
 	}
+	var extra []byte
 	if s.cfg.Egress.UpstreamRoots != "" {
-		extra, err := os.ReadFile(s.cfg.Egress.UpstreamRoots)
-		if err != nil {
+		if extra, err = os.ReadFile(s.cfg.Egress.UpstreamRoots); err != nil {
 			return fmt.Errorf("egress.upstream_roots: %w", err)
 		}
-		bundle = append(append(extra, '\n'), bundle...)
+		bundle = append(append(slices.Clone(extra), '\n'), bundle...)
+	}
+	if err := os.WriteFile(s.nodeExtraPath(), ca.NodeExtra(extra), 0o644); err != nil {
+		return err
 	}
 	return os.WriteFile(s.bundlePath(), bundle, 0o644)
 }
@@ -573,7 +583,7 @@ func (s *server) stop(ctx context.Context) {
 func (s *server) sandboxEnv(a *agent) []string {
 	proxy := "http://" + net.JoinHostPort(a.gw4.String(), strconv.Itoa(int(s.cfg.Egress.ExplicitPort)))
 	env := []string{"HTTPS_PROXY=" + proxy, "HTTP_PROXY=" + proxy, "https_proxy=" + proxy, "http_proxy=" + proxy, "NO_PROXY=localhost,127.0.0.1", "no_proxy=localhost,127.0.0.1"}
-	env = append(env, mitm.Env(s.bundlePath(), s.caPath())...)
+	env = append(env, mitm.Env(s.bundlePath(), s.nodeExtraPath())...)
 	return append(env, s.vault.Environment(a.spec.Name)...)
 }
 
@@ -586,7 +596,7 @@ func (s *server) execInfo(a *agent) ExecInfo {
 	return ExecInfo{
 		Agent: a.spec.Name, NetNSPath: a.nsPath, ServerPID: os.Getpid(),
 		UID: a.uid, GID: a.gid, Home: s.homeDir(a.spec.Name), Env: s.sandboxEnv(a),
-		DataDir: s.cfg.DataDir, TrustFiles: []string{s.caPath(), s.bundlePath()}, Hide: hide,
+		DataDir: s.cfg.DataDir, TrustFiles: []string{s.caPath(), s.bundlePath(), s.nodeExtraPath()}, Hide: hide,
 		ResolvConf: a.resolvConf(),
 	}
 }

@@ -56,6 +56,45 @@ check "policy change: now allowed (no key: 401)" expect bob 'curl -sS -o /dev/nu
 "$AH" policy set bob --mode allowlist --allow www.example.com >/dev/null
 check "policy change: denied again"           refuse bob 'curl -sS https://api.anthropic.com/'
 
+# The matrix: the tools agents run, unmodified, as the sandbox's user;
+# each row twice, with the proxy variables (the explicit proxy, for the
+# tools that read them) and without (the transparent path). A row whose
+# tool is absent here is skipped with a line that says so.
+goget_dir=$(mktemp -d -p /var/lib agenthold-e2e-XXXXXX) && chmod 755 "$goget_dir"
+trap 'rm -rf "$goget_dir"' EXIT
+go build -o "$goget_dir/goget" ./scripts/e2e/goget || echo "the Go client did not build"
+no_proxy_vars='unset HTTPS_PROXY HTTP_PROXY https_proxy http_proxy;'
+both() { # both NAME TOOL AGENT SCRIPT PATTERN
+	local name=$1 tool=$2 agent=$3 script=$4 pattern=$5
+	if ! in_sandbox "$agent" "command -v $tool" >/dev/null 2>&1; then
+		printf 'SKIP  %s: %s is not installed here\n' "$name" "$tool"
+		return
+	fi
+	check "$name (explicit proxy)" expect "$agent" "$script" "$pattern"
+	check "$name (transparent)"    expect "$agent" "$no_proxy_vars $script" "$pattern"
+}
+api='https://api.anthropic.com/v1/models'
+both "matrix: curl, HTTP/1.1, injected key" curl alice "curl -sS --http1.1 $api" 'demo-model'
+both "matrix: curl, HTTP/2, injected key"   curl alice "curl -sS --http2 -w 'http/%{http_version}' $api | tr -d '\\n'" 'demo-model.*http/2$'
+both "matrix: git clone, injected token"    git alice 'd=$(mktemp -d) && git clone -q https://github.com/demo/hello.git $d/h && cat $d/h/README.md' 'cloned through agenthold'
+both "matrix: python3 urllib, injected key" python3 alice "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"$api\").read().decode())'" 'demo-model'
+if in_sandbox alice 'python3 -c "import requests"' >/dev/null 2>&1; then
+	both "matrix: python3 requests, injected key" python3 alice "python3 -c 'import requests; print(requests.get(\"$api\").text)'" 'demo-model'
+else
+	echo "SKIP  matrix: python3 requests: the module is not installed here"
+fi
+both "matrix: pip install from the index"   python3 alice 'd=$(mktemp -d) && python3 -m pip install -q --disable-pip-version-check --no-cache-dir --index-url https://pypi.org/simple --target $d demo-pkg && PYTHONPATH=$d python3 -c "import demo_pkg; print(demo_pkg.GREETING)"' 'installed through agenthold'
+both "matrix: node https, passed through"   node alice "node -e \"require('https').get('https://registry.npmjs.org/left-pad', r => { let b = ''; r.on('data', d => b += d); r.on('end', () => console.log(r.statusCode, b)) }).on('error', e => { console.error(e.message); process.exit(1) })\"" '^200 .*served-by'
+both "matrix: node fetch, injected key"     node alice "node -e \"fetch('$api').then(r => r.text()).then(t => console.log(t)).catch(e => { console.error(e.cause || e); process.exit(1) })\"" 'demo-model'
+both "matrix: npm install from the registry" npm alice 'd=$(mktemp -d) && cd $d && npm install --no-audit --no-fund --no-update-notifier left-pad >/dev/null && node -e "console.log(require(\"left-pad\")(\"x\", 4, \"-\"))"' '^---x$'
+both "matrix: a Go client, passed through"  "$goget_dir/goget" alice "$goget_dir/goget https://registry.npmjs.org/left-pad" 'served-by'
+both "matrix: SSH banner by name"           bash alice "bash -c 'exec 3<>/dev/tcp/ssh.example.net/22; head -1 <&3'" '^SSH-2.0'
+both "matrix: getent, an allowed name"      getent alice 'getent hosts github.com' '^198\.18\.10\.2 '
+both "matrix: getent, a denied name"        getent alice 'getent hosts evil.example.org || echo refused' '^refused$'
+both "matrix: dig, an allowed name"         dig alice 'dig +short github.com' '^198\.18\.10\.2$'
+both "matrix: dig, a denied name: NXDOMAIN" dig alice 'dig evil.example.org' 'status: NXDOMAIN'
+check "matrix: the denied lookups are recorded with their reason" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"kind\":\"dns\",\"host\":\"evil.example.org\"' | grep -q '\"reason\":\"no allow entry matches the host\"'"
+
 # The values never show anywhere but in requests to their hosts.
 no_secret() { ! grep -qE -- "$anthropic_key|$github_token" <<<"$("$@" 2>&1)"; }
 check "no value in the log (JSON)"            no_secret "$AH" log --json --limit 0
