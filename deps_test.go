@@ -17,7 +17,7 @@ const module = "github.com/agenthold/egress"
 var allowedDeps = map[string][]string{
 	"netguard":  nil,
 	"egresslog": nil,
-	"vault":     {module + "/internal/hostname", module + "/internal/redact", "github.com/aws/aws-sdk-go-v2", "github.com/aws/smithy-go"},
+	"vault":     {module + "/internal/hostname", module + "/internal/redact", module + "/internal/budget", "github.com/aws/aws-sdk-go-v2", "github.com/aws/smithy-go"},
 	"policy":    {module + "/netguard", module + "/internal/hostname", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
 	// Shared plumbing: what two building blocks need, with one owner.
 	"internal/hostname":  nil,

@@ -433,7 +433,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	body := httpmeter.CountBody(r)
 	var out http.ResponseWriter = cw
 	if red != nil {
-		bw := newBufferedWriter(cw)
+		bw := newBufferedWriter(cw, red)
 		defer bw.finish()
 		out = bw
 	}

@@ -58,8 +58,26 @@ func redactResponse(resp *http.Response, red, wsSub *redact.Replacer) error {
 
 // decoded is the response's body in the identity encoding.
 func decoded(resp *http.Response) (io.Reader, error) {
-	switch ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding"))); ce {
-	case "", "identity":
+	// Every value of every Content-Encoding line counts: one encoding at
+	// most, or the body is not readable here.
+	var codings []string
+	for _, v := range resp.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+				codings = append(codings, c)
+			}
+		}
+	}
+	if len(codings) > 1 {
+		return nil, fmt.Errorf("the response is in encodings %q, which the gateway cannot read to keep secrets out of it", codings)
+	}
+	ce := ""
+	if len(codings) == 1 {
+		ce = codings[0]
+	}
+	switch ce {
+	case "":
+		resp.Header.Del("Content-Encoding")
 		return resp.Body, nil
 	case "gzip", "x-gzip":
 		zr, err := gzip.NewReader(resp.Body)
@@ -163,13 +181,23 @@ func (w *redactingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter
 type bufferedWriter struct {
 	http.ResponseWriter
 	buf []byte
+	red *redact.Replacer // for informational (1xx) headers, which ReverseProxy passes on itself
 }
 
 // writeBuffers are bufferedWriter's buffers, reused across requests.
 var writeBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
-func newBufferedWriter(w http.ResponseWriter) *bufferedWriter {
-	return &bufferedWriter{ResponseWriter: w, buf: (*writeBuffers.Get().(*[]byte))[:0]}
+func newBufferedWriter(w http.ResponseWriter, red *redact.Replacer) *bufferedWriter {
+	return &bufferedWriter{ResponseWriter: w, buf: (*writeBuffers.Get().(*[]byte))[:0], red: red}
+}
+
+// WriteHeader redacts an informational response's headers (103 Early
+// Hints, say), which never pass through modifyResponse.
+func (w *bufferedWriter) WriteHeader(code int) {
+	if code < http.StatusOK {
+		redactHeader(w.Header(), w.red)
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // finish writes what is gathered and gives the buffer back.

@@ -1,13 +1,11 @@
 package vault
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -26,11 +24,6 @@ import (
 
 // awsTimeFormat is SigV4's X-Amz-Date.
 const awsTimeFormat = "20060102T150405Z"
-
-// MaxAWSBody bounds the body the gateway reads to hash an AWS request
-// that does not carry its payload hash (x-amz-content-sha256), as every
-// service but S3 does; a larger one is refused.
-const MaxAWSBody = 8 << 20
 
 // Payload hashes that are not a hash of the body.
 const (
@@ -132,7 +125,7 @@ func (s *sigV4) fill(credential, signedHeaders string) error {
 // and X-Amz-Security-Token are replaced, over the same signed headers and
 // signing time. A request not signed at all is left alone; one signed
 // otherwise, or in a way the gateway cannot re-sign, is refused.
-func resignAWS(r *http.Request, placeholder string, creds aws.Credentials) (bool, error) {
+func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, creds aws.Credentials) (bool, error) {
 	sig, signed, err := parseSigV4(r)
 	switch {
 	case !signed:
@@ -141,6 +134,21 @@ func resignAWS(r *http.Request, placeholder string, creds aws.Credentials) (bool
 		return false, &RefusedError{Reason: "AWS request: " + err.Error()}
 	case sig.accessKey != placeholder:
 		return false, &RefusedError{Reason: "AWS request signed with an access key ID that is not the agent's placeholder"}
+	}
+	if why := sig.badTime(r, v.now()); why != "" {
+		return false, &RefusedError{Reason: "AWS request: " + why}
+	}
+	payload := r.Header.Get("X-Amz-Content-Sha256")
+	var body []byte
+	if !sig.presigned && (payload == "" || formBody(r)) {
+		// Hashed here when the client did not say; read anyway when it is
+		// a form, whose Action may ask for credentials.
+		if body, err = v.readBody(agent, r, MaxBufferedBody, "to re-sign an AWS request"); err != nil {
+			return false, err
+		}
+	}
+	if why := vendsCredentials(sig, r, body); why != "" {
+		return false, &RefusedError{Reason: why}
 	}
 	clone := &http.Request{Method: r.Method, URL: new(url.URL), Host: r.Host, Header: http.Header{}, ContentLength: r.ContentLength}
 	*clone.URL = *r.URL
@@ -161,14 +169,12 @@ func resignAWS(r *http.Request, placeholder string, creds aws.Credentials) (bool
 	if sig.presigned {
 		return true, presignAgain(r, clone, signer, sig, creds, s3)
 	}
-	payload := r.Header.Get("X-Amz-Content-Sha256")
 	switch {
 	case strings.HasPrefix(payload, awsSignedChunksPrefix):
 		return false, &RefusedError{Reason: "AWS request with signed chunks (" + payload + "): the gateway re-signs unsigned-payload streaming only"}
 	case payload == "":
-		if payload, err = hashBody(r); err != nil {
-			return false, err
-		}
+		sum := sha256.Sum256(body)
+		payload = hex.EncodeToString(sum[:])
 		clone.ContentLength = r.ContentLength
 	}
 	if err := signer.SignHTTP(context.Background(), creds, clone, payload, sig.service, sig.region, sig.date); err != nil {
@@ -219,36 +225,11 @@ func setSessionToken(h http.Header, creds aws.Credentials) {
 	}
 }
 
-// hashBody reads r's body (at most MaxAWSBody), puts it back, and returns
-// its SHA-256 in hex.
-func hashBody(r *http.Request) (string, error) {
-	if r.Body == nil || r.Body == http.NoBody {
-		r.ContentLength = 0
-		return hex.EncodeToString(sha256.New().Sum(nil)), nil
-	}
-	if r.ContentLength > MaxAWSBody {
-		return "", &RefusedError{Reason: fmt.Sprintf("AWS request body of %d bytes without x-amz-content-sha256: the gateway hashes at most %d", r.ContentLength, MaxAWSBody)}
-	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, MaxAWSBody+1))
-	r.Body.Close()
-	if err != nil {
-		return "", fmt.Errorf("vault: reading an AWS request body: %w", err)
-	}
-	if len(b) > MaxAWSBody {
-		return "", &RefusedError{Reason: fmt.Sprintf("AWS request body over %d bytes without x-amz-content-sha256", MaxAWSBody)}
-	}
-	r.Body = io.NopCloser(bytes.NewReader(b))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	r.ContentLength = int64(len(b))
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
-}
-
 // resignAWSWith is resignAWS with the secret's stored value.
-func resignAWSWith(r *http.Request, placeholder, value string) (bool, error) {
+func (v *Vault) resignAWSWith(agent string, r *http.Request, placeholder, value string) (bool, error) {
 	creds, err := parseAWSValue(value)
 	if err != nil {
 		return false, fmt.Errorf("vault: %w", err)
 	}
-	return resignAWS(r, placeholder, creds)
+	return v.resignAWS(agent, r, placeholder, creds)
 }

@@ -127,7 +127,7 @@ func TestAWSRefusals(t *testing.T) {
 	badScope := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261201/us-east-1/s3, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
 	badDate := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261130/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
 	twice := sandboxSigned(t, ph, "GET", "https://s3.amazonaws.com/?X-Amz-Credential=x", nil, nil, "s3")
-	big := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", bytes.Repeat([]byte("a"), MaxAWSBody+1), nil, "sts")
+	big := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", bytes.Repeat([]byte("a"), MaxBufferedBody+1), nil, "sts")
 	big.Header.Del("X-Amz-Content-Sha256")
 	for name, r := range map[string]*http.Request{
 		"signed with another key": other, "signed chunks": chunks, "SigV4a": sigv4a, "SigV2": sigv2,
@@ -186,4 +186,87 @@ func TestAWSEnvironment(t *testing.T) {
 	v, ph := awsVault(t, realAWS)
 	assert.ElementsMatch(t, []string{"AWS_ACCESS_KEY_ID=" + ph, "AWS_SECRET_ACCESS_KEY=" + ph, "AWS_SESSION_TOKEN=" + ph}, v.Environment("a1"))
 	assert.Empty(t, v.Environment("a2"))
+}
+
+// TestAWSNoCredentialsForTheSandbox: a request that would hand the
+// sandbox credentials of its own is not re-signed, whichever protocol
+// asks; GetCallerIdentity still is.
+func TestAWSNoCredentialsForTheSandbox(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded; charset=utf-8"}}
+	for name, r := range map[string]*http.Request{
+		"STS GetSessionToken": sandboxSigned(t, ph, "POST", "https://sts.us-east-1.amazonaws.com/", []byte("Action=GetSessionToken&Version=2011-06-15&DurationSeconds=129600"), form, "sts"),
+		"STS AssumeRole":      sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=AssumeRole&RoleArn=arn:aws:iam::1:role/x&RoleSessionName=s"), form, "sts"),
+		"STS, in the query":   sandboxSigned(t, ph, "GET", "https://sts.amazonaws.com/?Action=GetFederationToken&Name=x", nil, nil, "sts"),
+		"STS, no action":      sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", nil, nil, "sts"),
+		"STS, a hashed form": sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetSessionToken"),
+			http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "X-Amz-Content-Sha256": {"UNSIGNED-PAYLOAD"}}, "sts"),
+		"IAM CreateAccessKey":       sandboxSigned(t, ph, "POST", "https://iam.amazonaws.com/", []byte("Action=CreateAccessKey&UserName=me"), form, "iam"),
+		"ECR GetAuthorizationToken": sandboxSigned(t, ph, "POST", "https://api.ecr.us-east-1.amazonaws.com/", []byte("{}"), http.Header{"X-Amz-Target": {"AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken"}, "Content-Type": {"application/x-amz-json-1.1"}}, "ecr"),
+		"CodeArtifact token":        sandboxSigned(t, ph, "POST", "https://codeartifact.us-east-1.amazonaws.com/v1/authorization-token?domain=d", nil, nil, "codeartifact"),
+	} {
+		_, err := v.Inject("a1", r)
+		var refused *RefusedError
+		if assert.ErrorAs(t, err, &refused, name) {
+			assert.Contains(t, refused.Reason, "credentials of its own", name)
+		}
+		assert.NotContains(t, r.Header.Get("Authorization"), realAWS.AccessKeyID, "%s: signed anyway", name)
+	}
+	ok := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity&Version=2011-06-15"), form, "sts")
+	_, err := v.Inject("a1", ok)
+	assert.NoError(t, err, "GetCallerIdentity refused")
+}
+
+// TestAWSSigningTime: a signature far from now, or a presigned URL for
+// longer than an hour, is not re-signed.
+func TestAWSSigningTime(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	old := sandboxSigned(t, ph, "GET", "https://s3.amazonaws.com/b/k", nil, http.Header{"X-Amz-Content-Sha256": {"UNSIGNED-PAYLOAD"}}, "s3")
+	fake := aws.Credentials{AccessKeyID: ph, SecretAccessKey: ph}
+	signer := v4.NewSigner(func(o *v4.SignerOptions) { o.DisableURIPathEscaping = true })
+	old.Header.Del("Authorization")
+	require.NoError(t, signer.SignHTTP(context.Background(), fake, old, "UNSIGNED-PAYLOAD", "s3", "us-east-1", time.Now().Add(-time.Hour)))
+	presign := func(expires string, at time.Time) *http.Request {
+		r, _ := http.NewRequest("GET", "https://b.s3.amazonaws.com/k?X-Amz-Expires="+expires, nil)
+		u, _, err := signer.PresignHTTP(context.Background(), fake, r, "UNSIGNED-PAYLOAD", "s3", "us-east-1", at)
+		require.NoError(t, err)
+		return newRequest(t, u, nil)
+	}
+	for name, r := range map[string]*http.Request{
+		"signed an hour ago":         old,
+		"presigned for a week":       presign("604800", time.Now()),
+		"presigned in the future":    presign("300", time.Now().Add(time.Hour)),
+		"presigned, expired":         presign("60", time.Now().Add(-10*time.Minute)),
+		"presigned, without expires": presign("x", time.Now()),
+	} {
+		_, err := v.Inject("a1", r)
+		var refused *RefusedError
+		assert.ErrorAs(t, err, &refused, name)
+	}
+	_, err := v.Inject("a1", presign("3600", time.Now()))
+	assert.NoError(t, err, "an hour-long presigned URL")
+}
+
+// TestBufferedBodiesBounded: an agent cannot hold more than its share of
+// request bodies in the gateway's memory; sending one gives its share
+// back.
+func TestBufferedBodiesBounded(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	var held []*http.Request
+	for i := range MaxBufferedBodiesPerAgent + 1 {
+		r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity"), http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "sts")
+		_, err := v.Inject("a1", r)
+		if i < MaxBufferedBodiesPerAgent {
+			require.NoError(t, err, "body %d", i)
+			held = append(held, r)
+			continue
+		}
+		var refused *RefusedError
+		require.ErrorAs(t, err, &refused, "the share was exceeded")
+		assert.Equal(t, ReasonBuffersBusy, refused.Reason)
+	}
+	held[0].Body.Close() // sent: its share comes back
+	r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity"), http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "sts")
+	_, err := v.Inject("a1", r)
+	assert.NoError(t, err, "a body sent did not give its share back")
 }

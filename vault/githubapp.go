@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -129,11 +130,17 @@ func (t *appTokens) cached(secret string, now time.Time, within time.Duration) (
 	return tok, ok && tok.expires.Sub(now) > within
 }
 
-// token returns an installation token for secret good for longer than
+// appToken returns an installation token for secret good for longer than
 // within, minting one if the cached one is not.
-func (v *Vault) appToken(secret string, e *secretEntry, key []byte, within time.Duration) (appToken, error) {
+//
+// Tokens are cached by the secret's sealed value, not its name: a secret
+// set again, replaced or deleted and made anew under the same name (by
+// another owner, with another App) never inherits the old one's token.
+func (v *Vault) appToken(name string, e *secretEntry, key []byte, within time.Duration) (appToken, error) {
 	t := &v.apps
 	now := v.now()
+	sum := sha256.Sum256(e.stored.Sealed)
+	secret := name + "\x00" + hex.EncodeToString(sum[:16])
 	if tok, ok := t.cached(secret, now, within); ok {
 		return tok, nil
 	}
@@ -158,16 +165,16 @@ func (v *Vault) appToken(secret string, e *secretEntry, key []byte, within time.
 	}
 	value, err := open(key, e.ad, e.stored.Sealed)
 	if err != nil {
-		return appToken{}, fmt.Errorf("vault: secret %q: %w", secret, err)
+		return appToken{}, fmt.Errorf("vault: secret %q: %w", name, err)
 	}
 	app, err := parseGitHubApp(string(value))
 	clear(value)
 	if err != nil {
-		return appToken{}, fmt.Errorf("vault: secret %q: %w", secret, err)
+		return appToken{}, fmt.Errorf("vault: secret %q: %w", name, err)
 	}
 	minted, expires, err := app.mint(client)
 	if err != nil {
-		return appToken{}, fmt.Errorf("vault: secret %q: %w", secret, err)
+		return appToken{}, fmt.Errorf("vault: secret %q: %w", name, err)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -116,6 +116,22 @@ func TestGitHubAppTokens(t *testing.T) {
 	basic := base64.StdEncoding.EncodeToString([]byte("x-access-token:ghs_minted0002installationtoken"))
 	assert.NotContains(t, gitRed.String("Authorization: Basic "+basic), basic)
 
+	// Revoking the shared token is refused.
+	revoke := newRequest(t, "https://api.github.com/installation/token", nil)
+	revoke.Method = http.MethodDelete
+	_, err = v.Inject("a1", revoke)
+	var refused *RefusedError
+	assert.ErrorAs(t, err, &refused, "a revocation of the minted token went through")
+
+	// A secret set again (rotated, or deleted and made anew under the
+	// same name by someone else) never inherits the old token.
+	require.NoError(t, v.Replace("app", []byte(value)))
+	fresh := newRequest(t, "https://api.github.com/user", nil)
+	_, err = v.Inject("a1", fresh)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, ts.minted.Load(), "a replaced secret reused the old one's token")
+	assert.Equal(t, "Bearer ghs_minted0003installationtoken", fresh.Header.Get("Authorization"))
+
 	// A refused exchange fails the request; nothing goes out with a
 	// stale or placeholder credential.
 	ts.refuse.Store(true)

@@ -52,6 +52,11 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 			continue
 		}
 		if e.rule.Mode == GitHubApp {
+			if r.Method == http.MethodDelete && strings.TrimSuffix(r.URL.Path, "/") == "/installation/token" {
+				// Revoking the token would leave every agent sharing it
+				// with a dead one until it nears its expiry.
+				return used, &RefusedError{Reason: "revoking a GitHub App installation token the gateway minted"}
+			}
 			tok, err := v.appToken(a.Secret, e, key, appTokenMargin)
 			if err != nil {
 				return used, err
@@ -66,9 +71,9 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 		}
 		var applied bool
 		if e.rule.Mode == AWSSigV4 {
-			applied, err = resignAWSWith(r, a.Placeholder, string(value))
+			applied, err = v.resignAWSWith(agent, r, a.Placeholder, string(value))
 		} else {
-			applied, err = apply(r, e.rule, a.Placeholder, string(value))
+			applied, err = v.apply(agent, r, e.rule, a.Placeholder, string(value))
 		}
 		clear(value)
 		if err != nil {
@@ -121,7 +126,7 @@ func (v *Vault) attachmentsOf(agent string) ([]byte, []Attachment, []*secretEntr
 }
 
 // apply puts one secret into r.
-func apply(r *http.Request, rule *compiledRule, placeholder, value string) (bool, error) {
+func (v *Vault) apply(agent string, r *http.Request, rule *compiledRule, placeholder, value string) (bool, error) {
 	if rule.Mode == Login {
 		vals := r.Header.Values(rule.Header)
 		for i, val := range vals {
@@ -149,7 +154,7 @@ func apply(r *http.Request, rule *compiledRule, placeholder, value string) (bool
 		replacePath(r.URL, placeholder, value)
 	}
 	if rule.inBody && rule.takesBody(r) {
-		if err := replaceBody(r, placeholder, value); err != nil {
+		if err := v.replaceBody(agent, r, placeholder, value); err != nil {
 			return false, err
 		}
 	}

@@ -86,6 +86,13 @@ type Rule struct {
 	// InHeaders, InQuery, InPath, InBody, InWebSocket, or InRuleHeader
 	// alone. Empty means headers and query, as the seed has it; path,
 	// body and WebSocket messages are replaced only when listed.
+	//
+	// Replacing the placeholder wherever the agent writes it lets the
+	// agent put the value where it likes on the rule's hosts: a host
+	// that stores what it is sent and lets it be read back in pieces (a
+	// byte range, a preview) or elsewhere (a web page on another host)
+	// discloses it, and responses are redacted only of whole values.
+	// List a place only for hosts where nothing sent can be read back.
 	ReplaceIn []string `json:"replace_in,omitempty"`
 	// BodyTypes are the media types ("application/json") whose bodies an
 	// InBody rule replaces in; it must list at least one. Bodies of other

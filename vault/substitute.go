@@ -14,11 +14,6 @@ import (
 	"github.com/agenthold/egress/internal/redact"
 )
 
-// MaxSubstitutedBody bounds a body an InBody rule replaces in: one of a
-// known larger length is refused; one of unknown length (chunked) is
-// replaced as it streams and cut off beyond it.
-const MaxSubstitutedBody = 1 << 20
-
 // takesBody reports whether r's body is of a media type the rule replaces
 // in.
 func (c *compiledRule) takesBody(r *http.Request) bool {
@@ -39,26 +34,26 @@ func replacePath(u *url.URL, placeholder, value string) {
 
 // replaceBody replaces placeholder with value in r's body: read whole and
 // sent with its corrected Content-Length when its length is known (at
-// most MaxSubstitutedBody), replaced as it streams when it is not.
-func replaceBody(r *http.Request, placeholder, value string) error {
-	if r.ContentLength > MaxSubstitutedBody {
-		return &RefusedError{Reason: fmt.Sprintf("a body of %d bytes to replace a placeholder in: the gateway replaces in bodies of at most %d", r.ContentLength, MaxSubstitutedBody)}
-	}
+// most MaxBufferedBody, and as long once replaced), replaced as it streams
+// when it is not (and cut off past MaxBufferedBody).
+func (v *Vault) replaceBody(agent string, r *http.Request, placeholder, value string) error {
 	if r.ContentLength < 0 {
 		rep := redact.New([]redact.Pair{{Find: placeholder, Replace: value}})
-		r.Body = &boundedBody{r: rep.Reader(r.Body), c: r.Body, left: MaxSubstitutedBody + int64(len(value))}
+		r.Body = &boundedBody{r: rep.Reader(r.Body), c: r.Body, left: MaxBufferedBody}
 		r.GetBody = nil
 		return nil
 	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, MaxSubstitutedBody+1))
-	r.Body.Close()
-	if err != nil {
-		return fmt.Errorf("vault: reading a body to replace in: %w", err)
+	b, err := v.readBody(agent, r, MaxBufferedBody, "to replace a placeholder in")
+	if err != nil || b == nil {
+		return err
 	}
-	b = bytes.ReplaceAll(b, []byte(placeholder), []byte(value))
-	r.Body = io.NopCloser(bytes.NewReader(b))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
-	r.ContentLength = int64(len(b))
+	replaced := bytes.ReplaceAll(b, []byte(placeholder), []byte(value))
+	if len(replaced) > MaxBufferedBody {
+		r.Body.Close() // gives the buffer back
+		return &RefusedError{Reason: fmt.Sprintf("a body that replacing its placeholders makes longer than %d bytes", MaxBufferedBody)}
+	}
+	rb := r.Body.(*releasingBody)
+	setBody(r, replaced, rb.release)
 	return nil
 }
 

@@ -71,7 +71,7 @@ func TestSubstitution(t *testing.T) {
 	})
 	t.Run("a streamed body past the bound", func(t *testing.T) {
 		v, _ := substVault(t, []string{InBody}, []string{"text/plain"})
-		r := bodyRequest(t, "https://api.telegram.test/x", "text/plain", strings.Repeat("z", MaxSubstitutedBody+100), -1)
+		r := bodyRequest(t, "https://api.telegram.test/x", "text/plain", strings.Repeat("z", MaxBufferedBody+100), -1)
 		_, err := v.Inject("a1", r)
 		require.NoError(t, err)
 		_, err = io.ReadAll(r.Body)
@@ -79,7 +79,7 @@ func TestSubstitution(t *testing.T) {
 	})
 	t.Run("a body of known length past the bound is refused", func(t *testing.T) {
 		v, _ := substVault(t, []string{InBody}, []string{"text/plain"})
-		r := bodyRequest(t, "https://api.telegram.test/x", "text/plain", "", MaxSubstitutedBody+1)
+		r := bodyRequest(t, "https://api.telegram.test/x", "text/plain", "", MaxBufferedBody+1)
 		_, err := v.Inject("a1", r)
 		var refused *RefusedError
 		assert.ErrorAs(t, err, &refused)

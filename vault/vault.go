@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/agenthold/egress/internal/budget"
 )
 
 // Secret names a secret and says where it may go. Its value is given to
@@ -63,7 +65,8 @@ type Vault struct {
 
 	writeMu sync.Mutex // serialises writers, across their read, store and publish
 	cur     atomic.Pointer[state]
-	apps    appTokens // GitHub App installation tokens, by secret
+	apps    appTokens      // GitHub App installation tokens, by secret
+	buffers budget.Counter // request bodies read whole, by agent
 }
 
 // state is one immutable version of the vault: a writer builds a new one
