@@ -8,7 +8,6 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -20,6 +19,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/crypto/chacha20poly1305"
 )
 
 // A GitHubApp secret's value is a JSON object: the App's ID, the
@@ -133,14 +134,14 @@ func (t *appTokens) cached(secret string, now time.Time, within time.Duration) (
 // appToken returns an installation token for secret good for longer than
 // within, minting one if the cached one is not.
 //
-// Tokens are cached by the secret's sealed value, not its name: a secret
-// set again, replaced or deleted and made anew under the same name (by
-// another owner, with another App) never inherits the old one's token.
+// Tokens are cached by the secret's sealing, not its name: a secret set
+// again, replaced or deleted and made anew under the same name (by
+// another owner, with another App) is sealed under a fresh random nonce,
+// and never inherits the old one's token.
 func (v *Vault) appToken(name string, e *secretEntry, key []byte, within time.Duration) (appToken, error) {
 	t := &v.apps
 	now := v.now()
-	sum := sha256.Sum256(e.stored.Sealed)
-	secret := name + "\x00" + hex.EncodeToString(sum[:16])
+	secret := name + "\x00" + string(e.stored.Sealed[:chacha20poly1305.NonceSizeX])
 	if tok, ok := t.cached(secret, now, within); ok {
 		return tok, nil
 	}
