@@ -1,6 +1,7 @@
 package mitm
 
 import (
+	"bytes"
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
@@ -95,7 +96,7 @@ func TestSubstitutionThroughInterception(t *testing.T) {
 
 // clientFrame is a frame as a client sends it: masked.
 func clientFrame(fin bool, opcode byte, payload string) []byte {
-	return appendMaskedFrame(nil, fin, opcode, []byte(payload))
+	return (&frameParser{masked: true}).appendFrame(nil, fin, opcode, []byte(payload))
 }
 
 // readFrames parses frames as a server would, unmasking them, and joins
@@ -150,17 +151,18 @@ func TestFrameSubstituter(t *testing.T) {
 	in = append(in, clientFrame(true, 0, "456789 in it")...)
 	in = append(in, clientFrame(true, 2, "binary "+ph)...)
 	out := &sink{}
-	f := &frameSubstituter{conn: out, sub: redact.New([]redact.Pair{{Find: ph, Replace: value}})}
+	sub := redact.New([]redact.Pair{{Find: ph, Replace: value}})
+	f := newFrameSubstituter(out, sub)
 	for i := range in {
 		_, err := f.Write(in[i : i+1])
 		require.NoError(t, err)
 	}
 	assert.Equal(t, []string{"control 9: ping " + ph, "a message with " + value + " in it", "binary " + ph}, readFrames(t, out.b))
 
-	unmasked := &frameSubstituter{conn: &sink{}, sub: f.sub}
+	unmasked := newFrameSubstituter(&sink{}, sub)
 	_, err := unmasked.Write([]byte{0x81, 0x02, 'h', 'i'})
 	assert.Error(t, err, "an unmasked frame")
-	compressed := &frameSubstituter{conn: &sink{}, sub: f.sub}
+	compressed := newFrameSubstituter(&sink{}, sub)
 	c := clientFrame(true, 1, "x")
 	c[0] |= 0x40
 	_, err = compressed.Write(c)
@@ -176,7 +178,7 @@ func FuzzFrameSubstituter(f *testing.F) {
 	sub := redact.New([]redact.Pair{{Find: "placeholder-0123456789", Replace: "value"}})
 	f.Fuzz(func(t *testing.T, in []byte, step uint8) {
 		out := &sink{}
-		fs := &frameSubstituter{conn: out, sub: sub}
+		fs := newFrameSubstituter(out, sub)
 		n := max(int(step), 1)
 		for i := 0; i < len(in); i += n {
 			if _, err := fs.Write(in[i:min(i+n, len(in))]); err != nil {
@@ -194,5 +196,44 @@ func FuzzFrameSubstituter(f *testing.F) {
 			}
 			b = b[h+4+l:]
 		}
+	})
+}
+
+// fakeConn reads from r and discards writes.
+type fakeConn struct{ io.Reader }
+
+func (fakeConn) Write(p []byte) (int, error) { return len(p), nil }
+func (fakeConn) Close() error                { return nil }
+
+// FuzzFrameRedactor: whatever a server sends, the redactor neither panics
+// nor lets a secret through in a frame it passes on.
+func FuzzFrameRedactor(f *testing.F) {
+	server := func(fin bool, opcode byte, payload string) []byte {
+		return (&frameParser{}).appendFrame(nil, fin, opcode, []byte(payload))
+	}
+	f.Add(server(true, 1, "the secret-value-0123 echoed"))
+	f.Add(append(server(false, 2, "secret-val"), server(true, 0, "ue-0123")...))
+	f.Add(append(server(false, 1, "a"), append(server(true, 9, "ping secret-value-0123"), server(true, 0, "b")...)...))
+	red := redact.New([]redact.Pair{{Find: "secret-value-0123", Replace: "placeholder-99999"}})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		fr := newFrameRedactor(fakeConn{bytes.NewReader(in)}, red, nil)
+		out, _ := io.ReadAll(fr)
+		var payloads []byte
+		for b := out; len(b) >= 2; {
+			require.Zero(t, b[1]&0x80, "a masked frame to the client")
+			l, h := int(b[1]&0x7f), 2
+			switch l {
+			case 126:
+				l, h = int(b[2])<<8|int(b[3]), 4
+			case 127:
+				l, h = int(binary.BigEndian.Uint64(b[2:10])), 10
+			}
+			payloads = append(payloads, b[h:h+l]...)
+			b = b[h+l:]
+		}
+		if !bytes.Contains(in, []byte("secret-value-0123")) {
+			return // a secret spelt across frames of several messages is no secret sent
+		}
+		assert.False(t, bytes.Contains(payloads, []byte("secret-value-0123")), "a secret in one frame went through")
 	})
 }
