@@ -171,3 +171,28 @@ func TestAWSThroughInterception(t *testing.T) {
 	})
 	assert.Contains(t, rec.Reason, "not the agent's placeholder", "record %+v", rec)
 }
+
+// TestRefusedBodiesGiveTheirBufferBack: requests refused after the
+// gateway read their bodies do not hold the agent's share of buffers: far
+// more of them than the share still each get their own refusal.
+func TestRefusedBodiesGiveTheirBufferBack(t *testing.T) {
+	r := newRig(t)
+	const stsHost = "sts.us-west-2.amazonaws.com"
+	r.ic.Resolver.(testkit.Resolver)[stsHost] = []netip.Addr{netip.MustParseAddr("127.0.0.2")}
+	var err error
+	r.pol, err = policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"*.amazonaws.com:*"}})
+	require.NoError(t, err)
+	require.NoError(t, r.vault.Set(vault.Secret{Name: "aws", Rule: vault.Rule{Hosts: []string{"*.amazonaws.com"}, Mode: vault.AWSSigV4}}, []byte(realAWS.AccessKeyID+":"+realAWS.SecretAccessKey)))
+	att, err := r.vault.Attach("a1", "aws", "AWS_ACCESS_KEY_ID")
+	require.NoError(t, err)
+	cfg := aws.Config{Region: "us-west-2", RetryMaxAttempts: 1,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: att.Placeholder, SecretAccessKey: att.Placeholder}, nil
+		})}
+	stsc := sts.NewFromConfig(cfg, func(o *sts.Options) { o.HTTPClient = r.client(r.serveIntercepted(stsHost), true) })
+	for i := range 3 * vault.MaxBufferedBodiesPerAgent {
+		_, err := stsc.GetSessionToken(context.Background(), &sts.GetSessionTokenInput{})
+		require.Error(t, err, "attempt %d", i)
+		require.NotContains(t, err.Error(), "bodies being read", "attempt %d: the buffers were not given back", i)
+	}
+}
