@@ -30,6 +30,7 @@ import (
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/redact"
 	"github.com/agenthold/egress/internal/testkit"
+	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
 )
@@ -38,10 +39,15 @@ import (
 // rig's upstream, handing api.test to the interceptor when intercept is
 // set, and returns its address.
 func (r *rig) viaTProxy(t testing.TB, intercept bool) string {
+	return r.viaTProxyWith(t, intercept, r.ic.Guard, r.ic.Resolver)
+}
+
+// viaTProxyWith is viaTProxy with the proxy's own guard and resolver.
+func (r *rig) viaTProxyWith(t testing.TB, intercept bool, guard *netguard.Guard, resolver netguard.Resolver) string {
 	p := &tproxy.Proxy{
 		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.pol, true },
-		Guard:    r.ic.Guard,
-		Resolver: r.ic.Resolver,
+		Guard:    guard,
+		Resolver: resolver,
 		Log:      r.log,
 		OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
 			return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
@@ -103,8 +109,8 @@ func TestInheritsTheProxysGuardAndResolver(t *testing.T) {
 	guard, resolver := r.ic.Guard, r.ic.Resolver
 	require.NotNil(t, guard)
 	require.NotNil(t, resolver)
-	addr := r.viaTProxy(t, true)         // the proxy takes the rig's guard and resolver
 	r.ic.Guard, r.ic.Resolver = nil, nil // before the interceptor's first use
+	addr := r.viaTProxyWith(t, true, guard, resolver)
 	resp, body := r.get(r.clientFor(addr, false), "https://api.test/inherited", http.Header{"Authorization": {"Bearer " + r.ph}})
 	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
 	assert.Equal(t, "Bearer "+secretValue, r.upstreamHeader().Get("Authorization"))
