@@ -20,6 +20,11 @@
 // are cached by TTL, concurrent identical queries share one upstream
 // exchange, and every query is recorded in egresslog.
 //
+// Only the query types applications ask are forwarded (A, AAAA, CNAME,
+// HTTPS, SVCB, TXT, MX, SRV, NS, SOA, CAA, PTR, DS, DNSKEY, TLSA, NAPTR,
+// SSHFP); any other gets NOTIMP, since each type is a new question about
+// the same name, and its number a channel of its own.
+//
 // Where the policy allows a zone wholesale (Open mode, a wide wildcard),
 // the lookups themselves could carry data out. The server counts, per
 // agent and zone, the distinct names and labels looked up and the

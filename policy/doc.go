@@ -21,6 +21,10 @@
 // DoHEndpoints) only by an entry naming the host or address exactly,
 // whatever "*" or Open allow.
 //
+// Address deny entries and the resolvers' addresses apply to the
+// addresses an allowed name resolves to as well: [Policy.CheckResolved],
+// at dial time (netguard's Check hook; [DialCheck] for a transport).
+//
 // [Suggest] proposes the smallest allowlist that covers what an agent
 // did (typically in report mode), from its log: the names and ports it
 // used, what it only attempted apart.
