@@ -5,13 +5,20 @@ BIN := bin/agenthold
 
 .PHONY: demo test deps build dev dev-down e2e
 
-# What the demo and the tests use from Debian, installed only if missing.
+# What the demo and the tests use from Debian, installed only if missing:
+# the kernel tests' tools, and the real clients of the e2e check's matrix
+# (Python with pip and requests, dig, Node.js with npm, unless the machine
+# has its own).
 deps:
 	@missing=""; \
-	for c in curl git nft ip nsenter; do command -v $$c >/dev/null || missing=1; done; \
+	for c in curl git nft ip nsenter bc dig python3; do command -v $$c >/dev/null || missing=1; done; \
+	python3 -m pip --version >/dev/null 2>&1 && python3 -c 'import requests' 2>/dev/null || missing=1; \
 	if [ -n "$$missing" ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			curl git nftables iproute2 util-linux ca-certificates >/dev/null; \
+			curl git nftables iproute2 util-linux ca-certificates bc dnsutils python3 python3-pip python3-requests >/dev/null; \
+	fi; \
+	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; \
 	fi
 
 build:

@@ -38,7 +38,7 @@ func init() {
 			help: "Run the gateway (root). See agenthold.example.yaml for the configuration."},
 		{name: "demo", synopsis: "[--keep | --down]", run: cmdDemo,
 			help: "Build a world in namespaces and show the gateway at work.\n--keep leaves it running (make dev) until --down."},
-		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS] [--netns PATH] [--uid N --gid N] [--remote]", run: cmdAgentCreate,
+		{name: "agent create", synopsis: "NAME [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [--report] [QUOTA FLAGS] [--netns PATH] [--uid N --gid N] [--remote]", run: cmdAgentCreate,
 			help: "Create an agent: a network namespace wired to the gateway, and a policy.\n" +
 				"--netns adopts an existing namespace (a container's) instead of creating one.\n" +
 				"--remote makes an agent for a sandbox on another machine: no namespace here, and a token it\n" +
@@ -51,12 +51,12 @@ func init() {
 			help: "Delete an agent: its network, its home and its attachments."},
 		{name: "policy show", synopsis: "AGENT", run: cmdPolicyShow,
 			help: "Print an agent's policy."},
-		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [QUOTA FLAGS]", run: cmdPolicySet,
+		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [--report] [QUOTA FLAGS]", run: cmdPolicySet,
 			help: "Replace an agent's policy; the next connection and DNS query use it.\n" +
 				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22"},
 		{name: "policy suggest", synopsis: "AGENT [--since DURATION] [--collapse N] [--apply]", run: cmdPolicySuggest,
-			help: "Propose the smallest allowlist that covers what the agent did (run it in report mode first:\n" +
-				"policy set AGENT --mode allowlist --report). It prints the policy file and the policy set command,\n" +
+			help: "Propose the smallest allowlist that covers what the agent did.\n" +
+				"Run the agent in report mode first (policy set AGENT --mode allowlist --report). It prints the policy file and the policy set command,\n" +
 				"with how often and when each entry was used, and what was only attempted; --apply sets it.\n" +
 				"--collapse N turns N or more sibling names into one *.parent entry (never *)."},
 		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... [--header NAME] [--template T] [--path P]... [--mode M] [--replace-in P]... [--body-type T]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,

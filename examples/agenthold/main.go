@@ -24,6 +24,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/agenthold/egress/vault"
 )
 
 // Exit codes that scripts can rely on.
@@ -76,8 +78,8 @@ Every command but serve and demo talks to the server's admin socket:
 /var/lib/agenthold/admin.sock.
 
 Policy entries: github.com (ports 80, 443), *.npmjs.org (subdomains), github.com:22,
-registry.example.com:*, 203.0.113.0/24:443, *. Presets: anthropic, openai, github,
-github-git, gitlab, gitlab-git, openrouter.
+registry.example.com:*, 203.0.113.0/24:443, *; a deny entry starts with !
+(!pastebin.com), and wins over every other. Presets: PRESETS.
 
 Exit codes: 0 done, 1 failed (the message says why), 2 bad usage, 3 no server;
 exec exits with its command's status.
@@ -90,13 +92,20 @@ func usageText() string {
 	for _, c := range commands {
 		fmt.Fprintf(&b, "  %-48s %s\n", c.name+" "+c.synopsis, firstSentence(c.help))
 	}
-	b.WriteString(usageTail)
+	b.WriteString(strings.Replace(usageTail, "PRESETS", strings.Join(vault.PresetNames(), ", "), 1))
 	return b.String()
 }
 
+// firstSentence is s up to its first full stop (a dot before a space or
+// the end; not one inside a name such as egress.log_keep) or line break.
 func firstSentence(s string) string {
-	if i := strings.IndexAny(s, ".\n"); i >= 0 {
-		return s[:i]
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '\n':
+			return s[:i]
+		case s[i] == '.' && (i+1 == len(s) || s[i+1] == ' ' || s[i+1] == '\n'):
+			return s[:i]
+		}
 	}
 	return s
 }

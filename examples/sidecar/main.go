@@ -44,6 +44,9 @@ Exit codes: 0 done, 1 failed (the message says why), 2 bad usage.
 
 type usageError struct{ msg string }
 
+// errHelpShown ends a command whose --help was shown: not a failure.
+var errHelpShown = errors.New("help shown")
+
 func (e usageError) Error() string { return e.msg }
 
 func main() {
@@ -54,7 +57,7 @@ func run(args []string) int {
 	err := dispatch(args)
 	var ue usageError
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, errHelpShown):
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintf(os.Stderr, "sidecar: %v\n\n%s", err, usageText)

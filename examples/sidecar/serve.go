@@ -64,7 +64,12 @@ func portFlag(p *uint16) func(string) error {
 
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Printf("Flags of sidecar %s:\n", fs.Name())
+		fs.SetOutput(os.Stdout)
+		fs.PrintDefaults()
+		return errHelpShown
+	} else if err != nil {
 		return usageError{fmt.Sprintf("%s: %v", fs.Name(), err)}
 	}
 	if fs.NArg() != 0 {
