@@ -22,12 +22,36 @@ import (
 //     header: x-api-key
 //     value: sk-ant-…                      # the header's whole value
 //     placeholder: sbx-placeholder-…       # the decoy in the sandbox's environment
+//   - hosts: ["*.amazonaws.com"]
+//     mode: aws-sigv4                      # the sandbox signs with the placeholder
+//     value: AKIA…:secret[:session-token]  # as its key ID, secret key and token
+//     placeholder: sbx-placeholder-…
+//
+// Mode is inject (the default), aws-sigv4 or github-app (the value is the
+// App's JSON: app_id, installation_id, private_key), as vault's rules;
+// replaceIn and bodyTypes opt an inject entry into replacing its
+// placeholder in paths, bodies or WebSocket messages.
 type Credential struct {
 	Hosts       []string `yaml:"hosts"`
 	Header      string   `yaml:"header"`
 	Value       string   `yaml:"value"`
 	Placeholder string   `yaml:"placeholder"`
 	Paths       []string `yaml:"paths"`
+	Mode        string   `yaml:"mode"`
+	ReplaceIn   []string `yaml:"replaceIn"`
+	BodyTypes   []string `yaml:"bodyTypes"`
+}
+
+// rule is the vault rule of a credential.
+func (c Credential) rule() vault.Rule {
+	r := vault.Rule{Hosts: c.Hosts, Paths: c.Paths, Mode: vault.Mode(c.Mode)}
+	if r.Mode == "" || r.Mode == vault.Inject {
+		r.Header, r.ReplaceIn, r.BodyTypes = c.Header, c.ReplaceIn, c.BodyTypes
+		if c.Header != "" {
+			r.Template = "{{.Value}}"
+		}
+	}
+	return r
 }
 
 // sandboxAgent is the one agent a sidecar serves.
@@ -72,8 +96,7 @@ func loadCredentials(path string) (*vault.Vault, int, error) {
 	clear(data)
 	for i, c := range creds {
 		name := "credential-" + strconv.Itoa(i)
-		rule := vault.Rule{Hosts: c.Hosts, Header: c.Header, Template: "{{.Value}}", Paths: c.Paths}
-		if err := v.Set(vault.Secret{Name: name, Rule: rule}, []byte(c.Value)); err != nil {
+		if err := v.Set(vault.Secret{Name: name, Rule: c.rule()}, []byte(c.Value)); err != nil {
 			return nil, 0, fmt.Errorf("credentials entry %d: %w", i, err)
 		}
 		if c.Placeholder != "" {

@@ -221,6 +221,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 	}
 	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger, Tunnel: tunnel}
 	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
+	creds.SetTokenClient(sc.ic.Client(false)) // GitHub App tokens go out as intercepted requests do
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
 
 	// The DNS and proxy ports listen on loopback only: the rules redirect
