@@ -19,10 +19,13 @@ import (
 // registrable domain, by the public suffix list), in a window: the
 // distinct names, the distinct labels, and the information the distinct
 // names carry. A new label costs its length times the Shannon entropy of
-// its characters; a label seen before in the zone costs the bits it takes
-// to choose it among the zone's labels so far (so that data spelt as an
-// order of known labels costs too). Beyond any bound, the agent's lookups
-// under the zone are suspect for the rest of the window.
+// its characters (at least what its length tells); a label seen before
+// in the zone costs the bits it takes to choose it among the zone's labels
+// so far (so that data spelt as an order of known labels costs too); a
+// known name asked with a new query type costs a bit. Beyond any bound,
+// the agent's lookups under the zone are suspect for the rest of the
+// window; beyond a bound on the information of all its zones together
+// (a tunnel spread over many zones), all its lookups under any zone are.
 //
 // Ordinary zones stay far below: their names reuse a small vocabulary
 // (services and regions, languages, shard numbers). A short secret leaked
