@@ -80,7 +80,7 @@ func Suggest(obs []Observation, cfg SuggestConfig) Suggestion {
 	sideDoors := map[string]bool{}
 	for key, u := range used {
 		switch {
-		case slices.Contains(knownDoH, key):
+		case knownResolver(key):
 			delete(used, key)
 		case u.ports[dotPort]:
 			delete(u.ports, dotPort)
@@ -112,6 +112,21 @@ func Suggest(obs []Observation, cfg SuggestConfig) Suggestion {
 		s.Document.Allow = append(s.Document.Allow, e.Entry)
 	}
 	return s
+}
+
+// knownResolver reports whether host is a built-in DNS-over-HTTPS
+// resolver's name or address, or a subdomain of one's name.
+func knownResolver(host string) bool {
+	for h := host; ; {
+		if slices.Contains(knownDoH, h) {
+			return true
+		}
+		_, rest, ok := strings.Cut(h, ".")
+		if !ok {
+			return false
+		}
+		h = rest
+	}
 }
 
 // hostUse is what was seen of one host (or, collapsed, one wildcard).
