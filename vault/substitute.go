@@ -57,7 +57,7 @@ func (v *Vault) replaceBody(agent string, r *http.Request, placeholder, value st
 	return nil
 }
 
-// errBodyTooLong ends a streamed body past MaxSubstitutedBody.
+// errBodyTooLong ends a streamed body past MaxBufferedBody.
 var errBodyTooLong = errors.New("vault: a streamed body to replace in is longer than the gateway replaces in")
 
 // boundedBody is a replaced stream that fails past its bound.
