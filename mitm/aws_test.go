@@ -195,4 +195,11 @@ func TestRefusedBodiesGiveTheirBufferBack(t *testing.T) {
 		require.Error(t, err, "attempt %d", i)
 		require.NotContains(t, err.Error(), "bodies being read", "attempt %d: the buffers were not given back", i)
 	}
+	// The client sees a status; the records say which refusal it was.
+	recs := r.log.List(egresslog.Filter{Kind: egresslog.KindHTTP, DeniedOnly: true}, 0)
+	require.Len(t, recs, 3*vault.MaxBufferedBodiesPerAgent)
+	for i, rec := range recs {
+		assert.NotEqual(t, vault.ReasonBuffersBusy, strings.TrimPrefix(rec.Reason, "vault: "), "request %d: the buffers were not given back", i)
+		assert.Contains(t, rec.Reason, "credentials of its own", "request %d", i)
+	}
 }

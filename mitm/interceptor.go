@@ -506,6 +506,9 @@ type roundTripper struct{ i *Interceptor }
 func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	st := stateOf(r.Context())
 	if st.injectErr != nil {
+		if r.Body != nil {
+			r.Body.Close() // as a RoundTripper must, even when it sends nothing
+		}
 		return nil, errInjectFailed
 	}
 	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.info.pol))

@@ -270,3 +270,18 @@ func TestBufferedBodiesBounded(t *testing.T) {
 	_, err := v.Inject("a1", r)
 	assert.NoError(t, err, "a body sent did not give its share back")
 }
+
+// TestRefusedInjectionGivesItsBufferBack: a request Inject refuses after
+// reading its body is closed by Inject, so refusals never use up the
+// agent's share.
+func TestRefusedInjectionGivesItsBufferBack(t *testing.T) {
+	v, ph := awsVault(t, realAWS)
+	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	for i := range 3 * MaxBufferedBodiesPerAgent {
+		r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetSessionToken"), form, "sts")
+		_, err := v.Inject("a1", r)
+		var refused *RefusedError
+		require.ErrorAs(t, err, &refused, "request %d", i)
+		assert.NotEqual(t, ReasonBuffersBusy, refused.Reason, "request %d: the share was used up by refusals", i)
+	}
+}

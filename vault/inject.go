@@ -27,7 +27,12 @@ import (
 // another agent, is left as it is: the value never goes where the rule
 // does not send it. A value that cannot be opened is an error and the
 // request must not be sent.
-func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
+func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error) {
+	defer func() {
+		if err != nil && r.Body != nil {
+			r.Body.Close() // it will not be sent: give back what reading it held
+		}
+	}()
 	key, atts, entries := v.attachmentsOf(agent)
 	if len(atts) == 0 {
 		return nil, nil
@@ -42,7 +47,6 @@ func (v *Vault) Inject(agent string, r *http.Request) ([]string, error) {
 			return nil, &RefusedError{Reason: fmt.Sprintf("the placeholder of refresh token %q goes only in the body of a refresh grant the gateway answers", a.Secret)}
 		}
 	}
-	var used []string
 	for i, a := range atts {
 		e := entries[i]
 		if e == nil || e.rule.Mode == Refresh || !e.rule.matches(host, path) {
