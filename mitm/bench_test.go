@@ -408,7 +408,7 @@ func BenchmarkIdleInterceptedMemory(b *testing.B) {
 	direct := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort).String()
 	hold := func(addr string) (goBytes, rssBytes float64, closeAll func()) {
 		runtime.GC()
-		goBefore, rssBefore := goMemory(), rss()
+		goBefore, rssBefore := testkit.GoMemory(), testkit.RSS()
 		clients := make([]*http.Client, 0, b.N)
 		for range b.N {
 			c := r.clientProto(addr, true, true)
@@ -419,7 +419,7 @@ func BenchmarkIdleInterceptedMemory(b *testing.B) {
 			clients = append(clients, c)
 		}
 		runtime.GC()
-		goAfter, rssAfter := goMemory(), rss()
+		goAfter, rssAfter := testkit.GoMemory(), testkit.RSS()
 		return float64(goAfter) - float64(goBefore), float64(rssAfter) - float64(rssBefore), func() {
 			for _, c := range clients {
 				c.CloseIdleConnections()
@@ -474,25 +474,4 @@ func BenchmarkSSEFirstEvent(b *testing.B) {
 	b.ReportMetric(median(d), "direct-p50-µs")
 	b.ReportMetric(median(ic), "intercepted-p50-µs")
 	b.ReportMetric(median(ic)-median(d), "added-p50-µs")
-}
-
-func goMemory() uint64 {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapInuse + m.StackInuse
-}
-
-// rss returns the process's resident set size in bytes.
-func rss() uint64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.Fields(v)[0], 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
 }

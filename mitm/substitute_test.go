@@ -99,34 +99,59 @@ func clientFrame(fin bool, opcode byte, payload string) []byte {
 	return (&frameParser{masked: true}).appendFrame(nil, fin, opcode, []byte(payload))
 }
 
-// readFrames parses frames as a server would, unmasking them, and joins
-// each message's fragments; control frames are returned as they come.
+// wireFrame is a frame as read off the wire, unmasked.
+type wireFrame struct {
+	fin     bool
+	opcode  byte
+	payload []byte
+}
+
+// splitFrames parses b into whole frames, written by a client (masked)
+// or a server (not): every frame must be masked as its writer masks, and
+// the last must be whole.
+func splitFrames(t testing.TB, b []byte, masked bool) []wireFrame {
+	var out []wireFrame
+	for len(b) > 0 {
+		require.GreaterOrEqual(t, len(b), 2, "a frame cut short")
+		require.Equal(t, masked, b[1]&0x80 != 0, "a frame masked the wrong way")
+		n, h := uint64(b[1]&0x7f), 2
+		switch n {
+		case 126:
+			require.GreaterOrEqual(t, len(b), 4, "a frame cut short")
+			n, h = uint64(binary.BigEndian.Uint16(b[2:4])), 4
+		case 127:
+			require.GreaterOrEqual(t, len(b), 10, "a frame cut short")
+			n, h = binary.BigEndian.Uint64(b[2:10]), 10
+		}
+		var key []byte
+		if masked {
+			key, h = b[h:h+4], h+4
+		}
+		require.LessOrEqual(t, n, uint64(len(b)-h), "a frame cut short")
+		payload := bytes.Clone(b[h : h+int(n)])
+		for i := range payload {
+			if masked {
+				payload[i] ^= key[i&3]
+			}
+		}
+		out = append(out, wireFrame{fin: b[0]&0x80 != 0, opcode: b[0] & 0x0f, payload: payload})
+		b = b[h+int(n):]
+	}
+	return out
+}
+
+// readFrames parses a client's frames as a server would and joins each
+// message's fragments; control frames are returned as they come.
 func readFrames(t *testing.T, b []byte) []string {
 	var out []string
 	var msg []byte
-	for len(b) > 0 {
-		require.GreaterOrEqual(t, len(b), 6)
-		fin, op, n := b[0]&0x80 != 0, b[0]&0x0f, int(b[1]&0x7f)
-		require.NotZero(t, b[1]&0x80, "an unmasked frame to the server")
-		h := 2
-		switch n {
-		case 126:
-			n, h = int(b[2])<<8|int(b[3]), 4
-		case 127:
-			t.Fatal("no test frame is that long")
-		}
-		key := b[h : h+4]
-		payload := make([]byte, n)
-		for i := range payload {
-			payload[i] = b[h+4+i] ^ key[i&3]
-		}
-		b = b[h+4+n:]
-		if op >= 8 {
-			out = append(out, fmt.Sprintf("control %d: %s", op, payload))
+	for _, f := range splitFrames(t, b, true) {
+		if f.opcode >= 8 {
+			out = append(out, fmt.Sprintf("control %d: %s", f.opcode, f.payload))
 			continue
 		}
-		msg = append(msg, payload...)
-		if fin {
+		msg = append(msg, f.payload...)
+		if f.fin {
 			out = append(out, string(msg))
 			msg = nil
 		}
@@ -185,17 +210,7 @@ func FuzzFrameSubstituter(f *testing.F) {
 				return
 			}
 		}
-		for b := out.b; len(b) >= 2; {
-			require.NotZero(t, b[1]&0x80, "an unmasked frame to the server")
-			l, h := int(b[1]&0x7f), 2
-			switch l {
-			case 126:
-				l, h = int(b[2])<<8|int(b[3]), 4
-			case 127:
-				l, h = int(binary.BigEndian.Uint64(b[2:10])), 10
-			}
-			b = b[h+4+l:]
-		}
+		splitFrames(t, out.b, true) // every frame to the server whole and masked
 	})
 }
 
@@ -219,17 +234,8 @@ func FuzzFrameRedactor(f *testing.F) {
 		fr := newFrameRedactor(fakeConn{bytes.NewReader(in)}, red, nil)
 		out, _ := io.ReadAll(fr)
 		var payloads []byte
-		for b := out; len(b) >= 2; {
-			require.Zero(t, b[1]&0x80, "a masked frame to the client")
-			l, h := int(b[1]&0x7f), 2
-			switch l {
-			case 126:
-				l, h = int(b[2])<<8|int(b[3]), 4
-			case 127:
-				l, h = int(binary.BigEndian.Uint64(b[2:10])), 10
-			}
-			payloads = append(payloads, b[h:h+l]...)
-			b = b[h+l:]
+		for _, fr := range splitFrames(t, out, false) { // every frame to the client whole and unmasked
+			payloads = append(payloads, fr.payload...)
 		}
 		if !bytes.Contains(in, []byte("secret-value-0123")) {
 			return // a secret spelt across frames of several messages is no secret sent

@@ -11,11 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -252,7 +250,7 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 	// them all, and returns the memory they added and a way to close them.
 	hold := func(addr string) (goBytes, rssBytes float64, closeAll func()) {
 		runtime.GC()
-		goBefore, rssBefore := goMemory(), rss()
+		goBefore, rssBefore := testkit.GoMemory(), testkit.RSS()
 		conns := make([]net.Conn, 0, b.N)
 		held.Add(b.N)
 		for i := 0; i < b.N; i++ {
@@ -263,7 +261,7 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 		}
 		held.Wait()
 		runtime.GC()
-		goAfter, rssAfter := goMemory(), rss()
+		goAfter, rssAfter := testkit.GoMemory(), testkit.RSS()
 		return float64(goAfter) - float64(goBefore), float64(rssAfter) - float64(rssBefore), func() {
 			for _, c := range conns {
 				c.Close()
@@ -278,27 +276,6 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 	b.ReportMetric((proxyGo-directGo)/n, "proxy-go-KiB/conn")
 	b.ReportMetric((proxyRSS-directRSS)/n, "proxy-rss-KiB/conn")
 	b.ReportMetric(proxyGo/n, "total-go-KiB/conn")
-}
-
-func goMemory() uint64 {
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapInuse + m.StackInuse
-}
-
-// rss returns the process's resident set size in bytes.
-func rss() uint64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.Fields(v)[0], 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
 }
 
 // raiseFileLimit raises the soft open file limit to n, and the hard one

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/internal/testkit"
 )
 
 // BenchmarkHoldConnections holds as many idle proxied connections as the
@@ -48,12 +50,12 @@ func BenchmarkHoldConnections(b *testing.B) {
 	proxy := benchProxy(b, up)
 
 	runtime.GC()
-	goBefore, rssBefore := goMemory(), rss()
+	goBefore, rssBefore := testkit.GoMemory(), testkit.RSS()
 	clients := startHelper(b, self, "clients", proxy, n)
 	require.NoError(b, clients.wait("held"), "clients")
 	require.NoError(b, upstream.wait("held"), "upstream")
 	runtime.GC()
-	goAfter, rssAfter := goMemory(), rss()
+	goAfter, rssAfter := testkit.GoMemory(), testkit.RSS()
 	b.ReportMetric(float64(n), "connections")
 	b.ReportMetric(float64(goAfter-goBefore)/float64(n)/1024, "go-KiB/conn")
 	b.ReportMetric(float64(rssAfter-rssBefore)/float64(n)/1024, "rss-KiB/conn")
