@@ -217,10 +217,9 @@ func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
 	private := fs.Bool("allow-private", false, "allow private networks (RFC 1918, ULA, CGNAT)")
 	report := fs.Bool("report", false, "report mode: allow what the policy would deny, and record it (then: policy suggest)")
 	var q QuotaSpec
-	fs.Float64Var(&q.ConnectionsPerSecond, "connections-per-second", 0, fmt.Sprintf("new connections a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultConnectionsPerSecond))
-	fs.Float64Var(&q.DNSQueriesPerSecond, "dns-queries-per-second", 0, fmt.Sprintf("DNS queries a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultDNSQueriesPerSecond))
-	fs.Float64Var(&q.BytesPerSecondUp, "bytes-per-second-up", 0, "bytes a second towards destinations (0: no limit)")
-	fs.Float64Var(&q.BytesPerSecondDown, "bytes-per-second-down", 0, "bytes a second back from destinations (0: no limit)")
+	for _, f := range quotaFields(&q) {
+		fs.Float64Var(f.v, f.flag, 0, f.usage)
+	}
 	return func() PolicySpec {
 		return PolicySpec{Mode: *mode, Allow: allow, AllowPrivateNetworks: *private, Report: *report, Quotas: q}
 	}
@@ -345,13 +344,7 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN})
-	fmt.Printf("# From %d records of %s (%d unreadable, skipped). Each entry: uses, first and last seen.\n", len(obs), agent, skipped)
-	for _, e := range s.Used {
-		fmt.Printf("#   %-40s %5d  %s  %s\n", e.Entry, e.Count, e.FirstSeen.Format(time.RFC3339), e.LastSeen.Format(time.RFC3339))
-	}
-	for _, e := range s.Attempted {
-		fmt.Printf("# only attempted, left out: %s (%d)\n", e.Entry, e.Count)
-	}
+	observe.WriteSupport(os.Stdout, s, agent, len(obs), skipped)
 	next := PolicySpec{Mode: "allowlist", Allow: s.Document.Allow, AllowPrivateNetworks: current.AllowPrivateNetworks, Quotas: current.Quotas}
 	for _, e := range current.Allow {
 		if strings.HasPrefix(e, "!") {
@@ -387,21 +380,29 @@ func policySetCommand(agent string, p PolicySpec) string {
 	if p.AllowPrivateNetworks {
 		cmd += " --allow-private"
 	}
-	q := p.Quotas
-	for _, f := range []struct {
-		flag  string
-		value float64
-	}{
-		{"connections-per-second", q.ConnectionsPerSecond},
-		{"dns-queries-per-second", q.DNSQueriesPerSecond},
-		{"bytes-per-second-up", q.BytesPerSecondUp},
-		{"bytes-per-second-down", q.BytesPerSecondDown},
-	} {
-		if f.value != 0 {
-			cmd += fmt.Sprintf(" --%s %g", f.flag, f.value)
+	for _, f := range quotaFields(&p.Quotas) {
+		if *f.v != 0 {
+			cmd += fmt.Sprintf(" --%s %g", f.flag, *f.v)
 		}
 	}
 	return cmd
+}
+
+// quotaField is one of an agent's quotas: its flag, its short name in
+// policy summaries, and where its value is.
+type quotaField struct {
+	flag, short, usage string
+	v                  *float64
+}
+
+// quotaFields lists q's quotas, in the order the command line shows them.
+func quotaFields(q *QuotaSpec) []quotaField {
+	return []quotaField{
+		{"connections-per-second", "connections/s", fmt.Sprintf("new connections a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultConnectionsPerSecond), &q.ConnectionsPerSecond},
+		{"dns-queries-per-second", "dns/s", fmt.Sprintf("DNS queries a second, bursts of twice as many (0: %d, -1: no limit)", policy.DefaultDNSQueriesPerSecond), &q.DNSQueriesPerSecond},
+		{"bytes-per-second-up", "bytes-up/s", "bytes a second towards destinations (0: no limit)", &q.BytesPerSecondUp},
+		{"bytes-per-second-down", "bytes-down/s", "bytes a second back from destinations (0: no limit)", &q.BytesPerSecondDown},
+	}
 }
 
 func policyText(p PolicySpec) string {
@@ -419,16 +420,9 @@ func policyText(p PolicySpec) string {
 	if p.Report {
 		s += " (report mode)"
 	}
-	q := p.Quotas
-	for _, f := range []struct {
-		name string
-		v    float64
-	}{
-		{"connections/s", q.ConnectionsPerSecond}, {"dns/s", q.DNSQueriesPerSecond},
-		{"bytes-up/s", q.BytesPerSecondUp}, {"bytes-down/s", q.BytesPerSecondDown},
-	} {
-		if f.v != 0 {
-			s += fmt.Sprintf(" %s=%g", f.name, f.v)
+	for _, f := range quotaFields(&p.Quotas) {
+		if *f.v != 0 {
+			s += fmt.Sprintf(" %s=%g", f.short, *f.v)
 		}
 	}
 	return s

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"io"
 	"net"
 	"net/http"
@@ -134,4 +135,22 @@ func TestLogTableShowsUpstreamFailures(t *testing.T) {
 	assert.NotContains(t, logRow(ok), "allowed by rule", "a plain answer needs no reason")
 	denied := egresslog.Record{Agent: "a", Kind: egresslog.KindDNS, Host: "evil.example", Method: "A", Status: dns.RcodeNameError, Reason: "no allow entry matches the host"}
 	assert.Contains(t, logRow(denied), "no allow entry matches the host")
+}
+
+// TestPolicySetCommandRoundTrip: the `policy set` line a suggestion
+// prints sets exactly the policy it stands for.
+func TestPolicySetCommandRoundTrip(t *testing.T) {
+	want := PolicySpec{Mode: "allowlist", Allow: []string{"github.com", "*.npmjs.org", "ssh.example.net:22", "!pastebin.com"}, AllowPrivateNetworks: true,
+		Quotas: QuotaSpec{ConnectionsPerSecond: 50, DNSQueriesPerSecond: -1, BytesPerSecondUp: 1e6}}
+	words := strings.Fields(policySetCommand("bob", want))
+	require.Equal(t, []string{"agenthold", "policy", "set", "bob"}, words[:4])
+	fs := flag.NewFlagSet("policy set", flag.ContinueOnError)
+	got := policyFlags(fs, "open")
+	var args []string
+	for _, w := range words[4:] {
+		args = append(args, strings.Trim(w, "'")) // the shell's quotes
+	}
+	require.NoError(t, fs.Parse(args))
+	assert.Equal(t, want, got())
+	assert.Equal(t, "allowlist github.com *.npmjs.org ssh.example.net:22 !pastebin.com +private connections/s=50 dns/s=-1 bytes-up/s=1e+06", policyText(want))
 }

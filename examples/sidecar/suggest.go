@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -64,13 +63,7 @@ type suggestedFile struct {
 // what it keeps of the current one, each entry's support and what was
 // only attempted as comments.
 func writeSuggestion(w io.Writer, s policy.Suggestion, keep policy.Document, records, skipped int) error {
-	fmt.Fprintf(w, "# From %d records (%d unreadable, skipped). Each entry: uses, first and last seen.\n", records, skipped)
-	for _, e := range s.Used {
-		fmt.Fprintf(w, "#   %-40s %5d  %s  %s\n", e.Entry, e.Count, e.FirstSeen.Format(time.RFC3339), e.LastSeen.Format(time.RFC3339))
-	}
-	for _, e := range s.Attempted {
-		fmt.Fprintf(w, "# only attempted, left out: %s (%d)\n", e.Entry, e.Count)
-	}
+	observe.WriteSupport(w, s, "", records, skipped)
 	out := suggestedFile{Enforce: true, AllowOut: s.Document.Allow, Deny: keep.Deny, DoHEndpoints: keep.DoHEndpoints}
 	for _, list := range [][]string{keep.Allow, keep.AllowOut} {
 		for _, e := range list {

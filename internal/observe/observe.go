@@ -1,12 +1,15 @@
 // Package observe turns an egress log's records into the observations
-// policy.Suggest learns an allowlist from, for the programs that hold the
-// log (agenthold) or read it back from a file (the sidecar).
+// policy.Suggest learns an allowlist from, and writes what a suggestion
+// rests on, for the programs that hold the log (agenthold) or read it
+// back from a file (the sidecar).
 package observe
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 
@@ -76,4 +79,21 @@ func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 		}
 	}
 	return out, skipped, sc.Err()
+}
+
+// WriteSupport writes, as YAML comments, what a suggestion rests on: how
+// many records (from whom, if who is not ""), each entry's uses and first
+// and last use, and what was only attempted and left out.
+func WriteSupport(w io.Writer, s policy.Suggestion, who string, records, skipped int) {
+	from := ""
+	if who != "" {
+		from = " of " + who
+	}
+	fmt.Fprintf(w, "# From %d records%s (%d unreadable, skipped). Each entry: uses, first and last seen.\n", records, from, skipped)
+	for _, e := range s.Used {
+		fmt.Fprintf(w, "#   %-40s %5d  %s  %s\n", e.Entry, e.Count, e.FirstSeen.Format(time.RFC3339), e.LastSeen.Format(time.RFC3339))
+	}
+	for _, e := range s.Attempted {
+		fmt.Fprintf(w, "# only attempted, left out: %s (%d)\n", e.Entry, e.Count)
+	}
 }

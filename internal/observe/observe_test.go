@@ -55,3 +55,20 @@ func TestRead(t *testing.T) {
 	assert.Equal(t, "x.test", obs[0].Host)
 	assert.Equal(t, 1, skipped, "a line cut short is skipped and counted")
 }
+
+func TestWriteSupport(t *testing.T) {
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	s := policy.Suggest([]policy.Observation{
+		{Host: "api.test", Port: 443, Time: at, Succeeded: true},
+		{Host: "api.test", Port: 443, Time: at.Add(time.Minute), Succeeded: true},
+		{Host: "evil.test", Port: 443, Time: at, Succeeded: false},
+	}, policy.SuggestConfig{})
+	var b strings.Builder
+	WriteSupport(&b, s, "alice", 3, 1)
+	assert.Contains(t, b.String(), "# From 3 records of alice (1 unreadable, skipped).")
+	assert.Regexp(t, `#   api\.test +2  2026-12-01T00:00:00Z  2026-12-01T00:01:00Z`, b.String())
+	assert.Contains(t, b.String(), "# only attempted, left out: evil.test (1)")
+	for line := range strings.SplitSeq(strings.TrimSpace(b.String()), "\n") {
+		assert.True(t, strings.HasPrefix(line, "#"), "not a comment: %q", line)
+	}
+}
