@@ -108,8 +108,8 @@ type appToken struct {
 type appTokens struct {
 	mu     sync.Mutex
 	client *http.Client
-	locks  map[string]*sync.Mutex
-	tokens map[string]appToken
+	locks  map[appKey]*sync.Mutex
+	tokens map[appKey]appToken
 }
 
 // SetTokenClient gives the vault the HTTP client that mints GitHub App
@@ -124,7 +124,13 @@ func (v *Vault) SetTokenClient(c *http.Client) {
 
 // cached returns secret's token and the one before it, if the token is
 // good for longer than within.
-func (t *appTokens) cached(secret string, now time.Time, within time.Duration) (appToken, bool) {
+// appKey names a secret as sealed: its name and its sealing's nonce.
+type appKey struct {
+	name  string
+	nonce [chacha20poly1305.NonceSizeX]byte
+}
+
+func (t *appTokens) cached(secret appKey, now time.Time, within time.Duration) (appToken, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	tok, ok := t.tokens[secret]
@@ -141,13 +147,13 @@ func (t *appTokens) cached(secret string, now time.Time, within time.Duration) (
 func (v *Vault) appToken(name string, e *secretEntry, key []byte, within time.Duration) (appToken, error) {
 	t := &v.apps
 	now := v.now()
-	secret := name + "\x00" + string(e.stored.Sealed[:chacha20poly1305.NonceSizeX])
+	secret := appKey{name: name, nonce: [chacha20poly1305.NonceSizeX]byte(e.stored.Sealed)}
 	if tok, ok := t.cached(secret, now, within); ok {
 		return tok, nil
 	}
 	t.mu.Lock()
 	if t.locks == nil {
-		t.locks, t.tokens = map[string]*sync.Mutex{}, map[string]appToken{}
+		t.locks, t.tokens = map[appKey]*sync.Mutex{}, map[appKey]appToken{}
 	}
 	l := t.locks[secret]
 	if l == nil {
