@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -82,6 +83,8 @@ func TestAWSThroughInterception(t *testing.T) {
 	require.NoError(t, err)
 	ph := att.Placeholder
 	fake := &fakeAWS{objects: map[string][]byte{}}
+	var logged syncBuffer // every operational log line, for the canary
+	r.ic.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	r.mux.Handle(bucketHost+"/", fake)
 	r.mux.Handle(stsHost+"/", fake)
 
@@ -170,6 +173,11 @@ func TestAWSThroughInterception(t *testing.T) {
 		return !rec.Allowed && rec.Kind == egresslog.KindHTTP && strings.Contains(rec.Reason, "placeholder")
 	})
 	assert.Contains(t, rec.Reason, "not the agent's placeholder", "record %+v", rec)
+
+	// Nor in any log line, refusals included.
+	for _, secret := range []string{realAWS.AccessKeyID, realAWS.SecretAccessKey, realAWS.SessionToken} {
+		assert.NotContains(t, logged.String(), secret, "a log line holds a credential")
+	}
 }
 
 // TestRefusedBodiesGiveTheirBufferBack: requests refused after the

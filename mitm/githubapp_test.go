@@ -1,6 +1,7 @@
 package mitm
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -8,9 +9,11 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,6 +74,8 @@ func TestGitHubAppThroughInterception(t *testing.T) {
 	att, err := r.vault.Attach("a1", "app", "GITHUB_TOKEN")
 	require.NoError(t, err)
 	r.vault.SetTokenClient(r.ic.Client(false))
+	var logged syncBuffer // every operational log line, for the canary
+	r.ic.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	api := r.client(r.serveIntercepted("api.github.com"), true)
 	var bodies []string
@@ -100,5 +105,20 @@ func TestGitHubAppThroughInterception(t *testing.T) {
 		for _, rec := range r.log.List(egresslog.Filter{}, 0) {
 			assert.NotContains(t, string(rec.AppendJSON(nil)), secret)
 		}
+		assert.NotContains(t, logged.String(), secret, "a log line holds a credential")
 	}
 }
+
+// syncBuffer is a buffer log handlers on many goroutines may write.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
