@@ -54,6 +54,8 @@ func TestDenyEntries(t *testing.T) {
 	// DNS: a denied name does not resolve either.
 	assert.False(t, open.DecideName("pastebin.com").Allowed)
 	assert.False(t, open.DecideName("a.ngrok.io").Allowed)
+	assert.True(t, open.DecideName("ssh.example.com").Allowed, "a deny entry for one port kept the name from resolving")
+	assert.False(t, open.Decide("ssh.example.com", 22).Allowed, "the deny entry's own port")
 	// Report mode marks a deny entry's denial like any other.
 	rep := must(Config{Mode: Open, Deny: []string{"pastebin.com"}, Report: true})
 	d := rep.Decide("pastebin.com", 443)

@@ -38,6 +38,16 @@ func (r *rule) namesPort(port uint16) bool {
 	return false
 }
 
+// coversAllPorts reports whether the rule names every port.
+func (r *rule) coversAllPorts() bool {
+	for _, pr := range r.ports {
+		if pr.lo == 0 && pr.hi == 65535 {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *rule) allowsPort(port uint16) bool {
 	for _, pr := range r.ports {
 		if pr.lo <= port && port <= pr.hi {

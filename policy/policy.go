@@ -365,8 +365,10 @@ func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
 		return d
 	}
 	// One walk of the name and its suffixes finds the deny entries, which
-	// win wherever they match, and the first (nearest) allow entry.
-	dm := matcher{port: port, anyPort: anyPort}
+	// win wherever they match, and the first (nearest) allow entry. A name
+	// asked of on no port (a DNS lookup) is denied only by an entry that
+	// denies it every port: "!ssh.example.com:22" leaves it resolvable.
+	dm := matcher{port: port, anyPort: anyPort, allPorts: anyPort}
 	m := matcher{port: port, anyPort: anyPort, miss: Decision{Reason: ReasonNoRule}}
 	var d Decision
 	var ok, exact bool
@@ -555,9 +557,11 @@ func (p *Policy) finish(d Decision) Decision {
 type matcher struct {
 	port    uint16
 	anyPort bool
-	// onlyExactPort takes only rules that name the port alone; exactAddr,
-	// when valid, only rules for exactly that address.
+	// onlyExactPort takes only rules that name the port alone; allPorts
+	// only rules for every port; exactAddr, when valid, only rules for
+	// exactly that address.
 	onlyExactPort bool
+	allPorts      bool
 	exactAddr     netip.Addr
 	miss          Decision
 }
@@ -569,6 +573,8 @@ func (m *matcher) match(rules []rule) (Decision, bool) {
 		case m.exactAddr.IsValid() && r.addr != m.exactAddr:
 			continue
 		case m.onlyExactPort && !r.namesPort(m.port):
+			continue
+		case m.allPorts && !r.coversAllPorts():
 			continue
 		}
 		if m.anyPort || r.allowsPort(m.port) {
