@@ -73,11 +73,15 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 // leave the others alone. A hijacked connection (a tunnel) is counted
 // from then on as one of its agent's connections instead.
 func (p *Proxy) boundExplicitConns(c net.Conn, state http.ConnState) {
-	src := addrPortOf(c.RemoteAddr()).Addr().String()
-	v, _ := p.explicitConns.LoadOrStore(c.LocalAddr().String(), new(budget.Counter))
-	open := v.(*budget.Counter)
 	switch state {
 	case http.StateNew:
+		src := addrPortOf(c.RemoteAddr()).Addr().String()
+		listener := addrPortOf(c.LocalAddr())
+		v, ok := p.explicitConns.Load(listener)
+		if !ok {
+			v, _ = p.explicitConns.LoadOrStore(listener, new(budget.Counter))
+		}
+		open := v.(*budget.Counter)
 		if !open.Acquire(src, orDefault(p.MaxExplicitConnsPerSource, DefaultMaxExplicitConnsPerSource), orDefault(p.MaxConns, DefaultMaxConns)) {
 			p.logger().Debug("explicit proxy: too many connections from one source", "src", src)
 			reset(c)
@@ -86,7 +90,7 @@ func (p *Proxy) boundExplicitConns(c net.Conn, state http.ConnState) {
 		p.explicitCounted.Store(c, open)
 	case http.StateHijacked, http.StateClosed:
 		if counted, ok := p.explicitCounted.LoadAndDelete(c); ok {
-			counted.(*budget.Counter).Release(src)
+			counted.(*budget.Counter).Release(addrPortOf(c.RemoteAddr()).Addr().String())
 		}
 	}
 }

@@ -124,7 +124,7 @@ type Proxy struct {
 	relays    relaySet
 	// Connections to the explicit proxy, per listener address (a
 	// *budget.Counter of them per source), and which are counted where.
-	explicitConns   sync.Map     // local address -> *budget.Counter
+	explicitConns   sync.Map     // listener address (netip.AddrPort) -> *budget.Counter
 	explicitCounted sync.Map     // net.Conn -> *budget.Counter
 	unidentified    budget.Rates // records of refused, unidentified requests, per source
 	agentConns      sync.Map     // agent -> *connSet: its sessions' client connections
