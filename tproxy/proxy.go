@@ -321,7 +321,10 @@ type connSet struct {
 // trackAgentConn remembers c as one of agent's, for CloseAgent, until
 // the returned function is called.
 func (p *Proxy) trackAgentConn(agent string, c net.Conn) (untrack func()) {
-	v, _ := p.agentConns.LoadOrStore(agent, &connSet{m: map[net.Conn]struct{}{}})
+	v, ok := p.agentConns.Load(agent)
+	if !ok {
+		v, _ = p.agentConns.LoadOrStore(agent, &connSet{m: map[net.Conn]struct{}{}})
+	}
 	set := v.(*connSet)
 	set.mu.Lock()
 	set.m[c] = struct{}{}
@@ -338,7 +341,7 @@ func (p *Proxy) trackAgentConn(agent string, c net.Conn) (untrack func()) {
 // agent is removed, or its credentials revoked: what it opened before
 // must not outlive it.
 func (p *Proxy) CloseAgent(agent string) {
-	v, ok := p.agentConns.Load(agent)
+	v, ok := p.agentConns.LoadAndDelete(agent) // a removed agent's set goes with it
 	if !ok {
 		return
 	}
