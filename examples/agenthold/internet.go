@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/base64"
@@ -112,7 +113,7 @@ func startInternet(ns *netns.NS, dir string) (*internet, error) {
 			if err != nil {
 				return err
 			}
-			srv := &http.Server{Handler: s.h, ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{
+			srv := &http.Server{Handler: wholeBody(s.h), ErrorLog: log.New(io.Discard, "", 0), TLSConfig: &tls.Config{
 				GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return leaves.Get(h.ServerName) },
 			}}
 			go srv.ServeTLS(ln, "", "")
@@ -129,7 +130,7 @@ func startInternet(ns *netns.NS, dir string) (*internet, error) {
 			if err != nil {
 				return err
 			}
-			srv := &http.Server{Handler: h, ErrorLog: log.New(io.Discard, "", 0)}
+			srv := &http.Server{Handler: wholeBody(h), ErrorLog: log.New(io.Discard, "", 0)}
 			go srv.Serve(plain)
 			in.closers = append(in.closers, srv)
 		}
@@ -204,6 +205,25 @@ func (in *internet) serveDNS() error {
 		in.closers = append(in.closers, closerFunc(srv.Shutdown))
 	}
 	return nil
+}
+
+// maxFakeBody bounds what a fake service reads of a request body.
+const maxFakeBody = 8 << 20
+
+// wholeBody reads a request's body before h answers, as real services
+// do: a server that answers an HTTP/2 request before reading its body
+// resets the stream, and the client then reports a framing error
+// instead of the answer.
+func wholeBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxFakeBody))
+		if err != nil {
+			http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		h.ServeHTTP(w, r)
+	})
 }
 
 type closerFunc func() error

@@ -24,7 +24,7 @@ check() { # check NAME COMMAND...: the command's success is the check
 }
 in_sandbox() { "$AH" exec "$1" -- sh -c "$2"; }
 expect() { # expect AGENT SCRIPT PATTERN: the output matches
-	local out; out=$(in_sandbox "$1" "$2" 2>&1) || return 1
+	local out; out=$(in_sandbox "$1" "$2" 2>&1) || { echo "$out"; return 1; }
 	grep -qE -- "$3" <<<"$out" || { echo "$out"; return 1; }
 }
 refuse() { # refuse AGENT SCRIPT: the command fails
