@@ -290,6 +290,12 @@ func (d *Dialer) resolve(ctx context.Context, network, host string) ([]netip.Add
 	if err != nil {
 		return nil, fmt.Errorf("netguard: resolve %s: %w", host, err)
 	}
+	// net.Resolver answers IPv4 as IPv4-mapped IPv6: unmapped, each
+	// address has its own family (for Happy Eyeballs) and its usual
+	// spelling (in errors and records).
+	for i, a := range addrs {
+		addrs[i] = a.Unmap()
+	}
 	return addrs, nil
 }
 

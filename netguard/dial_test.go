@@ -117,3 +117,32 @@ func TestLocalPrefixes(t *testing.T) {
 	}
 	assert.True(t, found, "LocalPrefixes() = %v, want 127.0.0.1/32 among them", ps)
 }
+
+// TestDialerUnmapsAnswers resolves a name whose answers come IPv4-mapped
+// (as net.Resolver gives them): the check sees, and errors name, the
+// IPv4 address, so Happy Eyeballs tells the families apart.
+func TestDialerUnmapsAnswers(t *testing.T) {
+	ap := listen(t, "tcp4", "127.0.0.2:0")
+	g, err := New(Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}})
+	require.NoError(t, err)
+	var seen []netip.AddrPort
+	d := Dialer{
+		Guard:    g,
+		Resolver: testkit.Resolver{"mapped.example": {netip.MustParseAddr("::ffff:127.0.0.1"), netip.AddrFrom16(ap.Addr().As16())}},
+		Check: func(_ context.Context, _ string, a netip.AddrPort) error {
+			seen = append(seen, a)
+			return nil
+		},
+	}
+	c, err := d.DialContext(context.Background(), "tcp", "mapped.example:"+strconv.Itoa(int(ap.Port())))
+	require.NoError(t, err, "dial")
+	c.Close()
+	require.Len(t, seen, 1, "the check saw the permitted address only")
+	assert.True(t, seen[0].Addr().Is4(), "the check saw %v, want it unmapped", seen[0])
+
+	d.Resolver = testkit.Resolver{"mapped.example": {netip.MustParseAddr("::ffff:127.0.0.1")}}
+	_, err = d.DialContext(context.Background(), "tcp", "mapped.example:80")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "to 127.0.0.1:", "the error names the mapped form: %v", err)
+	assert.NotContains(t, err.Error(), "::ffff:")
+}
