@@ -8,6 +8,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -30,7 +31,11 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 	default:
 		return nil, &net.DNSError{Err: "unsupported network " + network, Name: host}
 	}
-	name := dns.Fqdn(strings.ToLower(host))
+	canon, err := hostname.Normalize(host)
+	if err != nil {
+		return nil, &net.DNSError{Err: err.Error(), Name: host, IsNotFound: true}
+	}
+	name := dns.Fqdn(canon)
 	if agent := policy.AgentFrom(ctx); agent != "" {
 		// A name the gateway resolves for an agent leaves as surely as
 		// one the agent looks up itself.
@@ -48,7 +53,7 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 		go func() {
 			req := new(dns.Msg)
 			req.SetQuestion(name, qt)
-			m, _, err := s.resolve(ctx, asker{agent: policy.AgentFrom(ctx), gateway: true}, req, req.Question[0], false)
+			m, _, err := s.resolve(ctx, asker{agent: policy.AgentFrom(ctx), gateway: true}, req, canon, req.Question[0], false)
 			if err != nil {
 				results <- result{i: i, err: err}
 				return

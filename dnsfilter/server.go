@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/miekg/dns"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/budget"
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -38,7 +40,6 @@ const (
 
 // Reasons recorded for queries that never reach the policy.
 const (
-	ReasonUnknownSource   = "query from an unknown source"
 	ReasonBadClass        = "query class is not IN"
 	ReasonZoneTransfer    = "zone transfers are refused"
 	ReasonQueryType       = "query type not forwarded"
@@ -104,16 +105,41 @@ type Server struct {
 	mem       *memory
 	flight    singleflight.Group
 	inFlight  budget.Counter // the sandboxes' queries, per agent
+	handling  budget.Counter // UDP queries being answered, per agent
 	gateway   budget.Counter // the gateway's own lookups, per agent they are for
 	rates     budget.Rates   // queries per second, per agent
 	upstreams []string
 	upErr     error
 
+	unknownSources, malformed, repliesDropped atomic.Uint64
+
 	mu       sync.Mutex
-	servers  []*dns.Server  // started, and not yet shut down
+	servers  []runner       // started, and not yet shut down
 	starting sync.WaitGroup // Serve calls starting their servers; Add only under mu while !closed
 	closed   bool
 }
+
+// runner is one connection being served: UDP by the server's own loop,
+// TCP by miekg/dns.
+type runner interface {
+	run(started func()) error
+	shutdown(ctx context.Context) error
+	abort() // closes the connection of a runner that never started
+}
+
+func (u *udpServer) abort() { u.pc.Close() }
+
+// tcpServer serves DNS over TCP with miekg/dns.
+type tcpServer struct{ d *dns.Server }
+
+func (t tcpServer) run(started func()) error {
+	t.d.NotifyStartedFunc = started
+	return t.d.ActivateAndServe()
+}
+
+func (t tcpServer) shutdown(ctx context.Context) error { return t.d.ShutdownContext(ctx) }
+
+func (t tcpServer) abort() { t.d.Listener.Close() }
 
 func (s *Server) init() {
 	s.initOnce.Do(func() {
@@ -186,33 +212,29 @@ func (s *Server) ListenAndServe(addr string) error {
 // ownership of both.
 func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 	s.init()
-	var servers []*dns.Server
-	common := func(d *dns.Server) *dns.Server {
-		d.Handler = s
-		d.MsgAcceptFunc = acceptQuery
-		d.ReadTimeout = 5 * time.Second
-		d.WriteTimeout = 5 * time.Second
-		d.IdleTimeout = func() time.Duration { return 10 * time.Second }
-		// Queries are small (a question and an OPT record); each query
-		// in flight holds a buffer this size, so a flood of them must
-		// not cost the largest message each.
-		d.UDPSize = upstreamUDPSize
-		return d
-	}
+	var servers []runner
 	if pc != nil {
-		servers = append(servers, common(&dns.Server{PacketConn: pc, Net: "udp"}))
+		servers = append(servers, newUDPServer(s, pc))
 	}
 	if ln != nil {
 		// TCP connections are bounded per source, so that held-open
 		// connections cannot pile up.
 		ln = &budget.Listener{Listener: ln, PerSource: DefaultMaxTCPConnsPerSource, Total: DefaultMaxTCPConns}
-		servers = append(servers, common(&dns.Server{Listener: ln, Net: "tcp"}))
+		servers = append(servers, tcpServer{&dns.Server{
+			Listener:      ln,
+			Net:           "tcp",
+			Handler:       s,
+			MsgAcceptFunc: acceptQuery,
+			ReadTimeout:   5 * time.Second,
+			WriteTimeout:  5 * time.Second,
+			IdleTimeout:   func() time.Duration { return 10 * time.Second },
+		}})
 	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		for _, d := range servers {
-			closeServerConn(d)
+		for _, r := range servers {
+			r.abort()
 		}
 		return ErrServerClosed
 	}
@@ -223,20 +245,19 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 	s.mu.Unlock()
 
 	errc := make(chan error, len(servers))
-	for n, d := range servers {
+	for n, r := range servers {
 		up := make(chan struct{})
-		d.NotifyStartedFunc = func() { close(up) }
-		go func() { errc <- d.ActivateAndServe() }()
+		go func() { errc <- r.run(func() { close(up) }) }()
 		select {
 		case <-up:
 		case err := <-errc:
 			s.registerStarted(nil)
-			for _, d := range servers[:n] {
-				d.Shutdown()
+			for _, r := range servers[:n] {
+				r.shutdown(context.Background())
 				<-errc
 			}
-			for _, d := range servers {
-				closeServerConn(d)
+			for _, r := range servers {
+				r.abort()
 			}
 			return fmt.Errorf("dnsfilter: %w", err)
 		}
@@ -260,20 +281,11 @@ func (s *Server) Serve(pc net.PacketConn, ln net.Listener) error {
 
 // registerStarted registers servers that have started, so that Shutdown
 // reaches them, and releases any Shutdown waiting for them.
-func (s *Server) registerStarted(servers []*dns.Server) {
+func (s *Server) registerStarted(servers []runner) {
 	s.mu.Lock()
 	s.servers = append(s.servers, servers...)
 	s.mu.Unlock()
 	s.starting.Done()
-}
-
-func closeServerConn(d *dns.Server) {
-	if d.PacketConn != nil {
-		d.PacketConn.Close()
-	}
-	if d.Listener != nil {
-		d.Listener.Close()
-	}
 }
 
 // Shutdown stops serving and waits for queries in progress, until ctx is
@@ -288,19 +300,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.servers = nil
 	s.mu.Unlock()
 	var errs []error
-	for _, d := range servers {
-		if err := d.ShutdownContext(ctx); err != nil {
+	for _, r := range servers {
+		if err := r.shutdown(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// Close stops serving at once. It is safe to call more than once.
+// Close stops serving at once, without waiting for queries in progress.
+// It is safe to call more than once.
 func (s *Server) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_ = s.Shutdown(ctx) // a cancelled shutdown reports only the cancellation
+	if err := s.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
 	return nil
 }
 
@@ -321,21 +336,40 @@ func acceptQuery(h dns.Header) dns.MsgAcceptAction {
 	return dns.MsgAccept
 }
 
-// ServeDNS answers one query; it implements dns.Handler.
+// identify names the agent behind a source address.
+func (s *Server) identify(src netip.Addr) (string, *policy.Policy, bool) {
+	if s.Agents == nil || !src.IsValid() {
+		return "", nil, false
+	}
+	return s.Agents(src)
+}
+
+// ServeDNS answers one query that arrived over TCP (or through a caller's
+// own dns.Server); it implements dns.Handler. A query from a source no
+// agent owns is not answered: its connection is closed, and counted.
 func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	s.init()
+	src, _ := remoteAddr(w)
+	agent, pol, ok := s.identify(src)
+	if !ok {
+		s.unknownSources.Add(1)
+		w.Close()
+		return
+	}
+	s.serveQuery(w, req, agent, pol, isUDP(w))
+}
+
+// serveQuery answers one query of agent's, and records it.
+func (s *Server) serveQuery(w dns.ResponseWriter, req *dns.Msg, agent string, pol *policy.Policy, udp bool) {
 	start := time.Now()
-	resp, rec := s.answer(w, req)
+	resp, rec := s.answer(req, agent, pol)
 	rec.Time = start
-	rec.Kind = egresslog.KindDNS
 	rec.Status = resp.Rcode
 	rec.Answers = len(resp.Answer)
 	rec.Duration = time.Since(start)
-	if s.Log != nil {
-		s.Log.Record(rec)
-	}
+	s.record(rec)
 	size := dns.MaxMsgSize
-	if isUDP(w) {
+	if udp {
 		size = dns.MinMsgSize
 		if opt := req.IsEdns0(); opt != nil {
 			size = max(dns.MinMsgSize, min(int(opt.UDPSize()), upstreamUDPSize))
@@ -347,13 +381,42 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 }
 
-// answer decides and builds the response to one query, and the record of
-// it.
-func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog.Record) {
+func (s *Server) record(r egresslog.Record) {
+	if s.Log != nil {
+		s.Log.Record(r)
+	}
+}
+
+// queryRecord is the start of a query's record: its name, canonical when
+// it is a valid one, and its type.
+func queryRecord(req *dns.Msg) egresslog.Record {
+	rec := egresslog.Record{Kind: egresslog.KindDNS}
+	if len(req.Question) > 0 {
+		q := req.Question[0]
+		rec.Host = canonicalQuestion(q.Name)
+		rec.Method = typeString(q.Qtype)
+	}
+	return rec
+}
+
+// canonicalQuestion is a question's name in canonical form, or as sent
+// (without its trailing dot) when it is not a valid name: the policy
+// refuses it then, and the record shows what was asked.
+func canonicalQuestion(name string) string {
+	if n, err := hostname.Normalize(name); err == nil {
+		return n
+	}
+	return strings.TrimSuffix(name, ".")
+}
+
+// answer decides and builds the response to one query of agent's, and
+// the record of it.
+func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy) (*dns.Msg, egresslog.Record) {
 	resp := new(dns.Msg)
 	resp.SetReply(req)
 	resp.RecursionAvailable = true
-	var rec egresslog.Record
+	rec := queryRecord(req)
+	rec.Agent = agent
 	opt := req.IsEdns0()
 	if opt != nil {
 		resp.SetEdns0(upstreamUDPSize, opt.Do())
@@ -364,21 +427,11 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 		return resp, rec
 	}
 	q := req.Question[0]
-	rec.Host = strings.TrimSuffix(q.Name, ".")
-	rec.Method = typeString(q.Qtype)
-
-	agent, pol, ok := "", (*policy.Policy)(nil), false
-	if src, srcOK := remoteAddr(w); srcOK && s.Agents != nil {
-		agent, pol, ok = s.Agents(src)
-	}
-	rec.Agent = agent
 	q0 := pol.Quotas().DNSQueriesPerSecond
 	switch {
-	case ok && !s.rates.Take(agent, 1, q0, 2*q0, time.Now()):
+	case !s.rates.Take(agent, 1, q0, 2*q0, time.Now()):
 		resp.Rcode = dns.RcodeRefused
 		return resp, withReason(rec, policy.ReasonQuotaDNS)
-	case !ok:
-		return blocked(resp, dns.RcodeRefused, ReasonUnknownSource), withReason(rec, ReasonUnknownSource)
 	case q.Qclass != dns.ClassINET:
 		resp.Rcode = dns.RcodeFormatError
 		return resp, withReason(rec, ReasonBadClass)
@@ -403,7 +456,9 @@ func (s *Server) answer(w dns.ResponseWriter, req *dns.Msg) (*dns.Msg, egresslog
 	}
 
 	do := opt != nil && opt.Do()
-	up, age, err := s.resolve(context.Background(), asker{agent: agent}, req, q, do)
+	ctx, cancel := context.WithTimeout(context.Background(), cmpDur(s.Timeout, DefaultTimeout))
+	defer cancel()
+	up, age, err := s.resolve(ctx, asker{agent: agent}, req, rec.Host, q, do)
 	var busy overBudget
 	switch {
 	case errors.As(err, &busy): // a bound this agent met: a refusal, not a failure
@@ -483,8 +538,8 @@ type asker struct {
 // An asker waiting for the upstream takes a place in its budget: its
 // agent's share of the sandboxes' queries, or of the gateway's lookups;
 // none left is an error at once. The wait ends with ctx.
-func (s *Server) resolve(ctx context.Context, who asker, req *dns.Msg, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
-	key := cacheKey{name: strings.ToLower(q.Name), qtype: q.Qtype, do: do}
+func (s *Server) resolve(ctx context.Context, who asker, req *dns.Msg, name string, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
+	key := cacheKey{name: dns.Fqdn(name), qtype: q.Qtype, do: do}
 	now := time.Now()
 	if s.cache != nil {
 		if m, age, ok := s.cache.get(key, now); ok {
@@ -515,7 +570,9 @@ func (s *Server) resolve(ctx context.Context, who asker, req *dns.Msg, q dns.Que
 	}
 	flightKey := key.name + "/" + strconv.Itoa(int(key.qtype)) + "/" + strconv.FormatBool(do)
 	ch := s.flight.DoChan(flightKey, func() (any, error) {
-		q.Name = key.name // ask in canonical case; the answer is matched case-insensitively
+		q.Name = key.name // ask in canonical form; the answer is matched case-insensitively
+		// One exchange for every asker: bounded by the timeout, not by
+		// the first asker's context.
 		m, err := exchange(context.Background(), s.upstreams, upstreamQuery(req, q, do), cmpDur(s.Timeout, DefaultTimeout))
 		if err != nil {
 			return nil, err

@@ -92,7 +92,7 @@ func ExampleInterceptor() {
 			if err != nil {
 				return
 			}
-			go ic.Intercept(context.Background(), c, "agent-1", pol, "example.com", uint16(port))
+			go ic.Intercept(context.Background(), c, "agent-1", func() *policy.Policy { return pol }, "example.com", uint16(port))
 		}
 	}()
 

@@ -217,10 +217,10 @@ func (i *Interceptor) CloseIdleConnections() {
 
 // connInfo is what Intercept knows of a connection, for each request.
 type connInfo struct {
-	agent string
-	pol   *policy.Policy
-	host  string // the name tproxy decided on (the TLS server name)
-	port  uint16
+	agent   string
+	current policy.Current // the agent's policy at each request
+	host    string         // the name tproxy decided on (the TLS server name)
+	port    uint16
 }
 
 type connInfoKey struct{}
@@ -228,8 +228,9 @@ type connInfoKey struct{}
 // Intercept serves one sandbox connection whose ClientHello named host:
 // it presents host's leaf, speaks HTTP/1.1 or HTTP/2 as ALPN settles, and
 // returns when the connection is done: nil, or why the connection failed
-// as a whole (the client refused the leaf). It owns conn.
-func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, pol *policy.Policy, host string, port uint16) error {
+// as a whole (the client refused the leaf). It owns conn. Each request is
+// judged by the agent's policy as current returns it then.
+func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, current policy.Current, host string, port uint16) error {
 	i.init()
 	tlsConn := tls.Server(conn, &tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.leafFor(agent, host) },
@@ -247,7 +248,7 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 		i.logger().Warn("intercepted connection failed its handshake; does the sandbox trust the CA?", "agent", agent, "host", host, "err", err)
 		return err
 	}
-	info := &connInfo{agent: agent, pol: pol, host: host, port: port}
+	info := &connInfo{agent: agent, current: current, host: host, port: port}
 	ln := &oneConnListener{conn: tlsConn, closed: make(chan struct{})}
 	var active activeRequests
 	srv := &http.Server{
@@ -346,8 +347,8 @@ func (a *activeRequests) closeAndWait() {
 // rewrite and the transport through the request's context.
 type reqState struct {
 	info         *connInfo
-	host         string // the request's own host, judged on its own
-	allowPrivate bool
+	pol          *policy.Policy // the agent's policy when the request came
+	host         string         // the request's own host, judged on its own
 	secrets      []string
 	injectErr    error
 	upstreamErr  string
@@ -384,7 +385,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer i.requests.Release(info.agent)
-	d := info.pol.Decide(host, info.port)
+	var pol *policy.Policy // nil, which denies, once the agent is gone
+	if info.current != nil {
+		pol = info.current()
+	}
+	d := pol.Decide(host, info.port)
 	canon := d.Name
 	if d.Addr.IsValid() {
 		canon = d.Addr.String()
@@ -395,7 +400,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if httpfwd.IsDoH(r) {
-		if doh := info.pol.DecideDoH(host, info.port); !doh.Allowed {
+		if doh := pol.DecideDoH(host, info.port); !doh.Allowed {
 			rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, doh.Reason, ""
 			http.Error(cw, "egress denied: "+doh.Reason, http.StatusForbidden)
 			return
@@ -422,7 +427,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	st := &reqState{info: info, host: canon, allowPrivate: info.pol.AllowPrivateNetworks(), redact: red}
+	st := &reqState{info: info, pol: pol, host: canon, redact: red}
 	if ws, ok := i.Injector.(WebSocketSubstituter); ok && red != nil && httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "websocket") {
 		if st.wsSub, err = ws.WebSocketSubstitution(info.agent, canon); err != nil {
 			rec.Allowed, rec.Reason = false, ReasonInjectFailed
@@ -511,8 +516,8 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return nil, errInjectFailed
 	}
-	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.info.pol))
-	return rt.i.transportsFor(st.info.agent).For(st.allowPrivate).RoundTrip(r)
+	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.pol))
+	return rt.i.transportsFor(st.info.agent).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
 }
 
 var (

@@ -73,8 +73,9 @@ type rig struct {
 	ca       *CA
 	vault    *vault.Vault
 	log      *egresslog.Log
-	pol      *policy.Policy
-	upRoot   *CA // signs the upstream's certificates
+	pol      *policy.Policy                // the agent's policy, set before serving
+	changed  atomic.Pointer[policy.Policy] // a policy set while serving, if any
+	upRoot   *CA                           // signs the upstream's certificates
 	upPort   uint16
 	addr     string // where the sandbox connects
 	ph       string // a1's placeholder for the secret
@@ -148,10 +149,19 @@ func (r *rig) serveInterceptedTo(host string, port uint16) string {
 			if err != nil {
 				return
 			}
-			go r.ic.Intercept(ctx, c, "a1", r.pol, host, port)
+			go r.ic.Intercept(ctx, c, "a1", r.current, host, port)
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// current is agent a1's policy now: the one a test changed it to while
+// serving, or the one it was set up with.
+func (r *rig) current() *policy.Policy {
+	if p := r.changed.Load(); p != nil {
+		return p
+	}
+	return r.pol
 }
 
 // client returns an HTTP client that trusts the interception CA and

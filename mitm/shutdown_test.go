@@ -34,7 +34,7 @@ func TestInterceptCancelledWithLiveClients(t *testing.T) {
 			if err != nil {
 				return
 			}
-			r.ic.Intercept(ctx, c, "a1", r.pol, "api.test", r.upPort)
+			r.ic.Intercept(ctx, c, "a1", r.current, "api.test", r.upPort)
 		}()
 
 		c := r.client(ln.Addr().String(), h2)

@@ -112,6 +112,13 @@ type Decision struct {
 // judges a query or a connection.
 type AgentFunc func(src netip.Addr) (agent string, p *Policy, ok bool)
 
+// Current returns an agent's policy as it is now, or nil once the agent is
+// gone (a nil policy denies everything). Whatever outlives one decision (a
+// kept-alive connection, an intercepted one, a tunnel) holds a Current,
+// never a *Policy, and asks it for every request: a policy change applies
+// to the next request on a connection opened before it.
+type Current func() *Policy
+
 // Policy is a compiled, immutable policy, safe for concurrent use. A nil
 // *Policy denies everything.
 type Policy struct {
@@ -126,6 +133,9 @@ type Policy struct {
 	dohAddrs     map[netip.Addr]bool // and addresses
 	size         int
 	quotas       Quotas // defaults resolved
+	// allowedPorts are the ports some allow entry admits, and namedPorts
+	// those some entry names by itself (for DNS over TLS), for DecidePort.
+	allowedPorts, namedPorts portSet
 }
 
 // nameRules are the entries for one name: those for the name itself,
@@ -255,6 +265,12 @@ func New(cfg Config) (*Policy, error) {
 		}
 		p.add(e, false)
 		p.size++
+		p.allowedPorts = p.allowedPorts.add(e.rule.ports...)
+		for _, pr := range e.rule.ports {
+			if pr.lo == pr.hi {
+				p.namedPorts = p.namedPorts.add(pr)
+			}
+		}
 	}
 	for _, s := range deny {
 		e, err := compileDenyEntry(s)

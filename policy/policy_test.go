@@ -331,3 +331,41 @@ func TestDecideName(t *testing.T) {
 	d = mustNew(t, Config{Mode: Open}).DecideName("anything.example")
 	assert.True(t, d.Allowed, "open DecideName = %+v", d)
 }
+
+// TestDecidePort says which ports no destination could be allowed on, for
+// refusing a silent client at once.
+func TestDecidePort(t *testing.T) {
+	tests := []struct {
+		name   string
+		cfg    Config
+		port   uint16
+		allow  bool
+		reason string
+	}{
+		{"deny-all", Config{Mode: DenyAll}, 443, false, ReasonDenyAll},
+		{"empty allowlist", Config{}, 443, false, ReasonPortNotListed},
+		{"default ports", Config{Allow: []string{"github.com"}}, 443, true, ReasonAllowedByRule},
+		{"default ports, other", Config{Allow: []string{"github.com"}}, 22, false, ReasonPortNotListed},
+		{"a named port", Config{Allow: []string{"github.com:22"}}, 22, true, ReasonAllowedByRule},
+		{"a range, inside", Config{Allow: []string{"a.test:8000-8100"}}, 8100, true, ReasonAllowedByRule},
+		{"a range, just outside", Config{Allow: []string{"a.test:8000-8100"}}, 8101, false, ReasonPortNotListed},
+		{"an address entry", Config{Allow: []string{"203.0.113.0/24:5432"}}, 5432, true, ReasonAllowedByRule},
+		{"a deny entry admits nothing", Config{Allow: []string{"!a.test:22"}}, 22, false, ReasonPortNotListed},
+		{"open", Config{Mode: Open}, 6379, true, ReasonOpen},
+		{"open, DNS over TLS", Config{Mode: Open}, 853, false, ReasonDoT},
+		{"any port, DNS over TLS", Config{Allow: []string{"a.test:*"}}, 853, false, ReasonDoT},
+		{"853 named", Config{Allow: []string{"dns.test:853"}}, 853, true, ReasonAllowedByRule},
+		{"report mode", Config{Report: true}, 22, true, ReasonPortNotListed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := New(tt.cfg)
+			require.NoError(t, err)
+			d := p.DecidePort(tt.port)
+			assert.Equal(t, tt.allow, d.Allowed, "allowed")
+			assert.Equal(t, tt.reason, d.Reason, "reason")
+		})
+	}
+	var none *Policy
+	assert.False(t, none.DecidePort(443).Allowed, "a nil policy")
+}

@@ -107,28 +107,36 @@ func (p *Proxy) serveExplicit(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// identified is who an explicit-proxy request is from: the agent, its
+// policy now, and how to find its policy later (for a tunnel's requests).
+type identified struct {
+	agent   string
+	pol     *policy.Policy
+	current policy.Current
+}
+
 // identify names the agent behind an explicit-proxy request: by Identify,
 // from its credentials, or else by its source address. A source refused
 // more than a few times a second has only those refusals recorded.
-func (p *Proxy) identify(r *http.Request, src netip.Addr) (string, *policy.Policy, *answer) {
-	agent, pol, refusal := p.identifyRequest(r, src)
+func (p *Proxy) identify(r *http.Request, src netip.Addr) (identified, *answer) {
+	who, refusal := p.identifyRequest(r, src)
 	if refusal != nil {
 		refusal.unrecorded = !p.unidentified.Take(src.String(), 1, unidentifiedRecordsPerSecond, 2*unidentifiedRecordsPerSecond, time.Now())
 	}
-	return agent, pol, refusal
+	return who, refusal
 }
 
 // unidentifiedRecordsPerSecond bounds the records of requests no agent
 // was found for, per source.
 const unidentifiedRecordsPerSecond = 10
 
-func (p *Proxy) identifyRequest(r *http.Request, src netip.Addr) (string, *policy.Policy, *answer) {
+func (p *Proxy) identifyRequest(r *http.Request, src netip.Addr) (identified, *answer) {
 	if p.Identify == nil {
 		agent, pol, ok := p.lookupAgent(src)
 		if !ok {
-			return "", nil, &answer{status: http.StatusForbidden, errType: "http_request_denied", why: ReasonUnknownSource, refused: true}
+			return identified{}, &answer{status: http.StatusForbidden, errType: "http_request_denied", why: ReasonUnknownSource, refused: true}
 		}
-		return agent, pol, nil
+		return identified{agent, pol, p.currentFor(agent, src)}, nil
 	}
 	creds := Credentials{Src: src}
 	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
@@ -139,13 +147,22 @@ func (p *Proxy) identifyRequest(r *http.Request, src netip.Addr) (string, *polic
 	}
 	var ok bool
 	if creds.User, creds.Token, ok = proxyAuthorization(r.Header.Get("Proxy-Authorization")); !ok {
-		return "", nil, &answer{status: http.StatusProxyAuthRequired, errType: "http_request_denied", why: ReasonBadCredentials, refused: true, challenge: true}
+		return identified{}, &answer{status: http.StatusProxyAuthRequired, errType: "http_request_denied", why: ReasonBadCredentials, refused: true, challenge: true}
 	}
 	agent, pol, err := p.Identify(creds)
 	if err != nil {
-		return "", nil, &answer{status: http.StatusProxyAuthRequired, errType: "http_request_denied", why: err.Error(), refused: true, challenge: true}
+		return identified{}, &answer{status: http.StatusProxyAuthRequired, errType: "http_request_denied", why: err.Error(), refused: true, challenge: true}
 	}
-	return agent, pol, nil
+	// Later, the same credentials: a revoked token or a changed policy
+	// applies to the next request in a tunnel opened before.
+	current := func() *policy.Policy {
+		a, pol, err := p.Identify(creds)
+		if err != nil || a != agent {
+			return nil
+		}
+		return pol
+	}
+	return identified{agent, pol, current}, nil
 }
 
 // proxyAuthorization parses a Proxy-Authorization value: Basic user:token
@@ -196,33 +213,39 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Host, rec.Port = host, uint16(port)
-	agent, pol, refusal := p.identify(r, f.src.Addr())
+	who, refusal := p.identify(r, f.src.Addr())
 	if refusal != nil {
 		refuse(*refusal)
 		return
 	}
+	agent, pol := who.agent, who.pol
 	rec.Agent = agent
 
-	s := &session{p: p, client: nil, agent: agent, pol: pol, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
+	s := &session{p: p, client: nil, agent: agent, pol: pol, current: who.current, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
 	var t target
 	var d policy.Decision
 	switch a, err := netguard.ParseLiteral(host); {
 	case err == nil:
-		// An address: refused at once if the guard refuses it; otherwise
-		// dialled now if the policy allows the address itself, and judged
-		// by what flows inside if not.
+		// An address: judged as a transparent connection to it is (by
+		// the names the agent resolved to it, then by the address), and
+		// dialled before the answer, or refused: a tunnel is answered
+		// 200 only with its upstream connection in hand.
 		s.dst = netip.AddrPortFrom(a.Unmap(), uint16(port))
 		if err := p.Guard.Check(s.dst.Addr(), pol.AllowPrivateNetworks()); err != nil {
 			refuse(dialAnswer(err))
 			return
 		}
-		t, d = decideAddr(pol, s.dst.Addr(), s.dst.Port())
-		if !d.Allowed && !unlisted(d) {
-			// Refused as an address (a deny entry, a resolver, DNS over
-			// TLS): no name inside could change that.
-			rec.Rule = d.Rule
+		if p.Names != nil {
+			s.names = p.Names(agent, s.dst.Addr())
+		}
+		t, d = s.judgeRaw()
+		rec.Rule = d.Rule
+		if !d.Allowed {
 			refuse(denied(http.StatusForbidden, d.Reason))
 			return
+		}
+		if t.host != "" {
+			rec.Host = t.host
 		}
 	case errors.Is(err, netguard.ErrNotLiteral):
 		s.dst = netip.AddrPortFrom(netip.Addr{}, uint16(port))
@@ -248,19 +271,16 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 
 	var up *net.TCPConn
 	intercepted := s.connectName != "" && p.Interceptor != nil && p.Interceptor.Claims(agent, s.connectName)
-	switch {
-	case intercepted:
+	if intercepted {
 		// The Interceptor dials on its own; the name must resolve to an
-		// address the guard permits.
-		if err := p.checkName(policy.WithAgent(r.Context(), agent), pol, s.connectName); err != nil {
-			refuse(dialAnswer(err))
-			return
-		}
-	case d.Allowed:
-		if up, err = p.dial(policy.WithAgent(r.Context(), agent), pol, t); err != nil {
-			refuse(dialAnswer(err))
-			return
-		}
+		// address the guard and the policy permit.
+		err = p.checkName(policy.WithAgent(r.Context(), agent), pol, s.connectName, uint16(port))
+	} else {
+		up, err = p.dial(policy.WithAgent(r.Context(), agent), pol, t)
+	}
+	if err != nil {
+		refuse(dialAnswer(err))
+		return
 	}
 	if !p.beginSession() {
 		if up != nil {
@@ -287,23 +307,21 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 		return
 	}
-	defer p.trackAgentConn(agent, conn)()
+	tracked, untrack := p.trackAgentConn(agent, conn)
+	defer untrack()
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
 	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
 	defer cancel()
-	s.ctx, s.client = ctx, conn
-	switch {
-	case up != nil:
-		s.predial = &predial{target: t, conn: up}
-	case d.Allowed:
-		s.predial = &predial{target: t} // intercepted: dialled only for other TCP
-	}
+	s.ctx, s.client, s.tracked = ctx, conn, tracked
+	// Dialled already, or, when intercepted, dialled only for other TCP.
+	s.predial = &predial{target: t, conn: up}
 	s.run(buffered)
 }
 
 // checkName resolves name as a dial would, and fails as the dial would
-// if no address it resolves to may be dialled.
-func (p *Proxy) checkName(ctx context.Context, pol *policy.Policy, name string) error {
+// if no address it resolves to may be dialled: the guard and the
+// policy's rules for addresses (CheckResolved) judge each.
+func (p *Proxy) checkName(ctx context.Context, pol *policy.Policy, name string, port uint16) error {
 	ctx, cancel := context.WithTimeout(ctx, orDefault(p.DialTimeout, DefaultDialTimeout))
 	defer cancel()
 	var r netguard.Resolver = net.DefaultResolver
@@ -316,7 +334,11 @@ func (p *Proxy) checkName(ctx context.Context, pol *policy.Policy, name string) 
 	}
 	var first error
 	for _, a := range addrs {
+		a = a.Unmap()
 		err := p.Guard.Check(a, pol.AllowPrivateNetworks())
+		if err == nil {
+			err = pol.CheckResolved(name, netip.AddrPortFrom(a, port))
+		}
 		if err == nil {
 			return nil
 		}

@@ -40,7 +40,7 @@ import (
 // gatewayConfig is what the gateway helper process is told.
 type gatewayConfig struct {
 	Allow      []string
-	Ifaces     []string
+	Links      []nftrules.Link
 	Upstream   string
 	Records    string
 	AgentAddrs []string
@@ -80,7 +80,7 @@ func TestGatewayHelper(t *testing.T) {
 	require.NoError(t, err)
 	elog := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
 	rules, err := nftrules.GatewayRules{
-		Interfaces: cfg.Ifaces, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort},
+		Links: cfg.Links, DNSPort: gwDNSPort, ProxyPort: gwProxyPort, OpenPorts: []uint16{gwExplicitPort},
 		AgentPools: []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("198.18.3.0/24"), netip.MustParsePrefix("fd00:1::/64")},
 	}.Apply()
 	require.NoError(t, err)
@@ -442,7 +442,11 @@ func (w *nsWorld) startGateway(allow []string) {
 	t := w.t
 	w.records = filepath.Join(t.TempDir(), "records.jsonl")
 	cfg, _ := json.Marshal(gatewayConfig{
-		Allow: allow, Ifaces: []string{w.gwIface, w.gwIface2}, Upstream: "198.18.2.1:53", Records: w.records,
+		Allow: allow, Upstream: "198.18.2.1:53", Records: w.records,
+		Links: []nftrules.Link{
+			{Interface: w.gwIface, Addrs: []netip.Addr{netip.MustParseAddr("198.18.1.10"), netip.MustParseAddr("fd00:1::10")}},
+			{Interface: w.gwIface2, Addrs: []netip.Addr{netip.MustParseAddr("198.18.3.10")}},
+		},
 		AgentAddrs: []string{"198.18.1.10", "fd00:1::10"},
 	})
 	exe, err := os.Executable()

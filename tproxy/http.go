@@ -32,7 +32,7 @@ type connFacts struct {
 	// CONNECT tunnel, the target as asked and the name every Host must be
 	// when the target was a name.
 	agent         string
-	pol           *policy.Policy
+	current       policy.Current
 	connectTarget string
 	tunnelName    string
 }
@@ -51,7 +51,7 @@ type httpConn struct {
 func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 	p.httpOnce.Do(p.startHTTP)
 	pc := s.paced(newPrefixConn(s.client, prefix))
-	facts := connFacts{src: s.src, dst: s.dst, agent: s.agent, pol: s.pol, connectTarget: s.connectTarget, tunnelName: s.connectName}
+	facts := connFacts{src: s.src, dst: s.dst, agent: s.agent, current: s.current, connectTarget: s.connectTarget, tunnelName: s.connectName}
 	if !p.httpConns.push(&httpConn{prefixConn: pc, facts: facts}) {
 		reset(s.client)
 		return
@@ -101,14 +101,20 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		a.write(w)
 	}
-	agent, pol := f.agent, f.pol
+	// The agent's policy now: a request on a kept-alive connection is
+	// judged by the policy of its moment, not the connection's.
+	agent, pol := f.agent, (*policy.Policy)(nil)
 	if f.explicit {
-		var refusal *answer
-		if agent, pol, refusal = p.identify(r, f.src.Addr()); refusal != nil {
+		who, refusal := p.identify(r, f.src.Addr())
+		if refusal != nil {
 			refuse(*refusal)
 			return
 		}
-	} else if pol == nil {
+		agent, pol = who.agent, who.pol
+	} else if f.current != nil {
+		pol = f.current()
+	}
+	if pol == nil {
 		refuse(denied(http.StatusForbidden, ReasonUnknownSource))
 		return
 	}

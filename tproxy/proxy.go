@@ -29,10 +29,11 @@ type NamesFunc func(agent string, addr netip.Addr) []string
 // implements it. Intercept owns conn (whose reads replay the bytes the
 // proxy already read) and returns when the connection is done, with why
 // it failed as a whole, if it did (the client refused the certificate),
-// for the connection's record.
+// for the connection's record. It judges each request by the agent's
+// policy as current returns it then.
 type Interceptor interface {
 	Claims(agent, host string) bool
-	Intercept(ctx context.Context, conn net.Conn, agent string, p *policy.Policy, host string, port uint16) error
+	Intercept(ctx context.Context, conn net.Conn, agent string, current policy.Current, host string, port uint16) error
 }
 
 // ErrServerClosed is returned by Serve and ServeExplicit after Shutdown or
@@ -309,51 +310,6 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.httpSrv.Close()
 		<-done
 		return ctx.Err()
-	}
-}
-
-// connSet is a set of connections.
-type connSet struct {
-	mu sync.Mutex
-	m  map[net.Conn]struct{}
-}
-
-// trackAgentConn remembers c as one of agent's, for CloseAgent, until
-// the returned function is called.
-func (p *Proxy) trackAgentConn(agent string, c net.Conn) (untrack func()) {
-	v, ok := p.agentConns.Load(agent)
-	if !ok {
-		v, _ = p.agentConns.LoadOrStore(agent, &connSet{m: map[net.Conn]struct{}{}})
-	}
-	set := v.(*connSet)
-	set.mu.Lock()
-	set.m[c] = struct{}{}
-	set.mu.Unlock()
-	return func() {
-		set.mu.Lock()
-		delete(set.m, c)
-		set.mu.Unlock()
-	}
-}
-
-// CloseAgent closes every connection the proxy holds for agent: its
-// tunnels and its spliced and intercepted connections. Call it when an
-// agent is removed, or its credentials revoked: what it opened before
-// must not outlive it.
-func (p *Proxy) CloseAgent(agent string) {
-	v, ok := p.agentConns.LoadAndDelete(agent) // a removed agent's set goes with it
-	if !ok {
-		return
-	}
-	set := v.(*connSet)
-	set.mu.Lock()
-	conns := make([]net.Conn, 0, len(set.m))
-	for c := range set.m {
-		conns = append(conns, c)
-	}
-	set.mu.Unlock()
-	for _, c := range conns {
-		reset(c)
 	}
 }
 

@@ -288,7 +288,7 @@ type interceptor struct {
 
 func (i *interceptor) Claims(_, host string) bool { return host == "api.test" }
 
-func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ *policy.Policy, host string, port uint16) error {
+func (i *interceptor) Intercept(_ context.Context, c net.Conn, agent string, _ policy.Current, host string, port uint16) error {
 	b := make([]byte, 5)
 	io.ReadFull(c, b)
 	i.mu.Lock()

@@ -140,6 +140,10 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 	r.paceDown = s.p.pacer(&s.p.bytesDown, s.agent, q.BytesPerSecondDown)
 	s.p.relays.add(r)
 	defer s.p.relays.remove(r)
+	if s.tracked != nil {
+		upAddr := rec.Addr
+		defer s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), t, upAddr) })()
+	}
 
 	var upN, downN int64
 	var err error

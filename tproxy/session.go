@@ -117,8 +117,13 @@ type session struct {
 	ctx    context.Context
 	client net.Conn
 	agent  string
-	pol    *policy.Policy
-	src    netip.AddrPort
+	// pol is the agent's policy when the connection was accepted, which
+	// judges where it goes; current is the agent's policy at any later
+	// moment, which judges each request inside and a policy change.
+	pol     *policy.Policy
+	current policy.Current
+	tracked *agentConn // for CloseAgent and Rejudge
+	src     netip.AddrPort
 	dst    netip.AddrPort // original destination; for CONNECT to a name, only the port
 	names  []string       // names to judge other TCP by
 	kind   egresslog.Kind // KindConnect for tunnels; otherwise set by protocol
@@ -160,7 +165,8 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 		return
 	}
 	defer release()
-	defer p.trackAgentConn(agent, c)()
+	tracked, untrack := p.trackAgentConn(agent, c)
+	defer untrack()
 	origDst := p.OriginalDst
 	if origDst == nil {
 		origDst = OriginalDst
@@ -182,7 +188,8 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 	}
 	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
 	defer cancel()
-	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, src: src, dst: dst, names: names, start: start}
+	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, current: p.currentFor(agent, src.Addr()), tracked: tracked,
+		src: src, dst: dst, names: names, start: start}
 	s.run(nil)
 }
 
@@ -193,23 +200,50 @@ func (p *Proxy) lookupAgent(src netip.Addr) (string, *policy.Policy, bool) {
 	return p.Agents(src)
 }
 
-// speculative returns the target to dial before the client speaks: the
-// first remembered name the policy allows on this port, or the address
-// itself when an address rule or open mode allows it. Dialling early lets
-// server-first protocols (SSH, SMTP, MySQL) work, and saves a round trip
-// when the client does speak first.
+// speculative returns the target to dial before the client speaks, if
+// the connection would be allowed as other TCP (judgeRaw). Dialling early
+// lets server-first protocols (SSH, SMTP, MySQL) work, and saves a round
+// trip when the client does speak first.
 func (s *session) speculative() (target, bool) {
+	t, d := s.judgeRaw()
+	return t, d.Allowed
+}
+
+// judgeRaw is the one decision for TCP that names no host of its own
+// (neither TLS with a server name nor HTTP): by every name the agent
+// resolved to the address, whatever the mode, then by the address. A name
+// refused outright on this port (a deny entry, "!ssh.example.com:22")
+// refuses the connection, whatever another name, "*" or open mode would
+// allow; otherwise the first name allowed is the target (dialled by its
+// resolution on the gateway), and else the address as address entries,
+// "*" and open mode judge it.
+func (s *session) judgeRaw() (target, policy.Decision) {
+	var allowed *target
 	for _, n := range s.names {
-		if t, d := decideName(s.pol, n, s.dst.Port()); d.Allowed {
-			return t, true
+		t, d := decideName(s.pol, n, s.dst.Port())
+		switch {
+		case d.Allowed && allowed == nil:
+			allowed = &t
+		case !d.Allowed && !unlisted(d):
+			t.host = n
+			return t, d
 		}
+	}
+	if allowed != nil {
+		return *allowed, allowed.decision
 	}
 	if s.dst.Addr().IsValid() {
-		if t, d := decideAddr(s.pol, s.dst.Addr(), s.dst.Port()); d.Allowed {
-			return t, true
+		if t, d := decideAddr(s.pol, s.dst.Addr(), s.dst.Port()); d.Allowed || !unlisted(d) {
+			return t, d
 		}
 	}
-	return target{}, false
+	for _, n := range s.names {
+		if t, d := decideName(s.pol, n, s.dst.Port()); !d.Allowed {
+			t.host = n
+			return t, d // the first name's reason: it names the destination
+		}
+	}
+	return target{}, policy.Decision{Reason: ReasonNoName}
 }
 
 type readResult struct {
@@ -394,6 +428,12 @@ func (s *session) run(buffered []byte) {
 		buf, clientErr = readNow(s.client, buf)
 	}
 	if sniff(buf) == protoUnknown && clientErr == nil {
+		if d := s.pol.DecidePort(s.dst.Port()); !sp.ok && !d.Allowed {
+			// Nothing the client could say would be allowed on this
+			// port: no reason to hold it until it speaks.
+			s.deny(target{}, d, "")
+			return
+		}
 		if sp.ok {
 			s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.IdleTimeout, DefaultIdleTimeout)))
 		} else {
@@ -462,7 +502,7 @@ func (s *session) run(buffered []byte) {
 		s.p.handoffHTTP(s, buf)
 	default:
 		if !sp.ok {
-			t, d := s.noNameDecision()
+			t, d := s.judgeRaw()
 			s.deny(t, d, "")
 			return
 		}
@@ -473,18 +513,6 @@ func (s *session) run(buffered []byte) {
 		}
 		s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, buf, early)
 	}
-}
-
-// noNameDecision says why other TCP was refused: the first remembered
-// name's denial, or that there was no name.
-func (s *session) noNameDecision() (target, policy.Decision) {
-	for _, n := range s.names {
-		if t, d := decideName(s.pol, n, s.dst.Port()); !d.Allowed {
-			t.host = n
-			return t, d
-		}
-	}
-	return target{}, policy.Decision{Reason: ReasonNoName}
 }
 
 // serveTLS reads the whole ClientHello, judges its server name, and
@@ -531,11 +559,13 @@ func (s *session) serveTLS(buf []byte, sp *speculation) {
 			return
 		}
 		t, d = sp.target, sp.target.decision
+	case hello.serverName == "":
+		t, d = s.judgeRaw() // no name of its own
 	default:
 		t, d = decide(s.pol, hello.serverName, s.dst)
 	}
 	if !d.Allowed {
-		if hello.serverName == "" && d.Reason == policy.ReasonNoRule {
+		if hello.serverName == "" && (d.Reason == policy.ReasonNoRule || d.Reason == ReasonNoName) {
 			d.Reason = ReasonNoSNI
 		}
 		s.denyTLS(target{host: hello.serverName, port: s.dst.Port()}, d)
@@ -633,7 +663,7 @@ func (s *session) intercept(t target, hello []byte) {
 		conn = s.p.Log.Begin(r)
 		ctx = egresslog.WithConnID(ctx, conn.ID())
 	}
-	err := s.p.Interceptor.Intercept(ctx, c, s.agent, s.pol, t.host, t.port)
+	err := s.p.Interceptor.Intercept(ctx, c, s.agent, s.current, t.host, t.port)
 	c.Close()
 	var quota *policy.QuotaError
 	switch {

@@ -388,6 +388,17 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 			return err
 		}
 	}
+	// Replies to a sandbox address that stops answering neighbour
+	// discovery queue only this much on the link before they are
+	// dropped: the gateway's sockets are shared by every agent, and their
+	// send buffers must not fill with one agent's undeliverable answers.
+	for _, family := range []string{"ipv4", "ipv6"} {
+		path := filepath.Join("/proc/sys/net", family, "neigh", a.gwIface, "unres_qlen_bytes")
+		if err := os.WriteFile(path, []byte(strconv.Itoa(unresolvedQueueBytes)), 0o644); err != nil {
+			unwire(a)
+			return fmt.Errorf("bound %s's queue for unresolved neighbours: %w", a.gwIface, err)
+		}
+	}
 	sandbox := [][]string{
 		{"link", "set", "lo", "up"},
 		{"addr", "add", a.sb4.String() + "/24", "dev", "eth0"},
@@ -408,6 +419,11 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 	}
 	return nil
 }
+
+// unresolvedQueueBytes bounds what an agent link holds for a neighbour
+// being resolved (the kernel's default is 212,992 bytes, a whole socket's
+// send buffer).
+const unresolvedQueueBytes = 16 << 10
 
 // resolvConf is the sandbox's resolv.conf: the gateway's DNS.
 func (a *agent) resolvConf() string { return "nameserver " + a.gw4.String() + "\n" }

@@ -439,6 +439,19 @@ func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 	dropped, failed := s.elog.SinkStats()
 	family("agenthold_egress_log_sink_dropped_total", "counter", "Records the log sinks missed.")
 	fmt.Fprintf(w, "agenthold_egress_log_sink_dropped_total %d\n", dropped+failed)
+	// What is dropped without a record of its own, so that a flood of it
+	// cannot fill the log.
+	family("agenthold_dns_dropped_total", "counter", "DNS packets and replies dropped without a record, by why.")
+	c := s.dns.Counters()
+	fmt.Fprintf(w, "agenthold_dns_dropped_total{why=\"unknown source\"} %d\n", c.UnknownSources)
+	fmt.Fprintf(w, "agenthold_dns_dropped_total{why=\"malformed\"} %d\n", c.Malformed)
+	fmt.Fprintf(w, "agenthold_dns_dropped_total{why=\"reply would block\"} %d\n", c.RepliesDropped)
+	if s.rules != nil {
+		if n, err := s.rules.Spoofed(); err == nil {
+			family("agenthold_spoofed_packets_total", "counter", "Packets dropped on an agent's link for a source address that is not the agent's.")
+			fmt.Fprintf(w, "agenthold_spoofed_packets_total %d\n", n)
+		}
+	}
 }
 
 // countedReasons are the denials an agent causes by exceeding its quotas

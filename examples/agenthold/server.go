@@ -333,7 +333,8 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	if err := wire(ctx, s.cfg.DataDir, a); err != nil {
 		return nil, err
 	}
-	if err := s.rules.AddInterface(a.gwIface); err != nil {
+	// The link admits the sandbox's own addresses as source, nothing else.
+	if err := s.rules.AddLink(nftrules.Link{Interface: a.gwIface, Addrs: []netip.Addr{a.sb4, a.sb6}}); err != nil {
 		unwire(a)
 		return nil, err
 	}
@@ -424,7 +425,7 @@ func (s *server) removeAgent(name string) error {
 		return err
 	}
 	if s.rules != nil {
-		s.rules.RemoveInterface(a.gwIface)
+		s.rules.RemoveLink(a.gwIface)
 	}
 	killSandboxes(a.nsPath, a.created)
 	unwire(a)
@@ -456,14 +457,20 @@ func (s *server) identify(c tproxy.Credentials) (string, *policy.Policy, error) 
 	return s.agents.byToken(c.User, c.Token)
 }
 
-// setPolicy replaces an agent's policy; new connections and DNS queries
-// use it at once.
+// setPolicy replaces an agent's policy: every DNS query, connection and
+// request from now on is judged by it, and the spliced connections it
+// refuses are ended.
 func (s *server) setPolicy(name string, spec PolicySpec) error {
 	pol, err := spec.compile()
 	if err != nil {
 		return err
 	}
-	return s.agents.setPolicy(name, spec, pol)
+	if err := s.agents.setPolicy(name, spec, pol); err != nil {
+		return err
+	}
+	s.proxy.Rejudge(name)
+	s.log.Info("agent policy set", "agent", name, "mode", spec.Mode, "entries", len(spec.Allow))
+	return nil
 }
 
 // warnPrivateMounts says so when the server runs in a mount namespace of

@@ -152,9 +152,12 @@ func cmdServe(args []string) error {
 
 // sidecar is the running filter.
 type sidecar struct {
-	watch    *policy.Watcher
-	dns      *dnsfilter.Server
-	proxy    *tproxy.Proxy
+	watch *policy.Watcher
+	dns   *dnsfilter.Server
+	proxy *tproxy.Proxy
+	// serving is the proxy once it serves, for the policy watcher, which
+	// starts before it: a new policy ends what it no longer allows.
+	serving  atomic.Pointer[tproxy.Proxy]
 	ic       *mitm.Interceptor
 	health   *http.Server
 	log      *egresslog.Log
@@ -188,7 +191,12 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 			sc.stop(context.Background())
 		}
 	}()
-	if sc.watch, err = policy.Watch(policyPath, policy.WatchConfig{Logger: logger}); err != nil {
+	rejudge := func(*policy.Policy, error) {
+		if p := sc.serving.Load(); p != nil {
+			p.Rejudge(sandboxAgent)
+		}
+	}
+	if sc.watch, err = policy.Watch(policyPath, policy.WatchConfig{Logger: logger, OnLoad: rejudge}); err != nil {
 		return sc, err
 	}
 	creds, n, err := loadCredentials(credPath)
@@ -223,6 +231,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
 	creds.SetTokenClient(sc.ic.Client(false)) // GitHub App tokens go out as intercepted requests do
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
+	sc.serving.Store(sc.proxy)
 
 	// The DNS and proxy ports listen on loopback only: the rules redirect
 	// the Pod's own traffic there, and nothing outside the Pod reaches

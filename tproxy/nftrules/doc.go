@@ -22,10 +22,11 @@
 //
 // Typical use (see the package's Example):
 //
-//	rules, err := nftrules.GatewayRules{Interfaces: []string{"veth-a1"}, DNSPort: 15053, ProxyPort: 15001, OpenPorts: []uint16{15002}}.Apply()
+//	a1 := nftrules.Link{Interface: "veth-a1", Addrs: []netip.Addr{addr1}} // its only source
+//	rules, err := nftrules.GatewayRules{Links: []nftrules.Link{a1}, DNSPort: 15053, ProxyPort: 15001, OpenPorts: []uint16{15002}}.Apply()
 //	if err != nil { ... }
 //	defer rules.Close()
-//	rules.AddInterface("veth-a2") // a new agent
+//	rules.AddLink(nftrules.Link{Interface: "veth-a2", Addrs: []netip.Addr{addr2}}) // a new agent
 //
 // nftrules does not proxy anything (tproxy does) and never touches a table
 // it did not name.

@@ -4,23 +4,26 @@ package nftrules_test
 
 import (
 	"log"
+	"net/netip"
 
 	"github.com/agenthold/egress/tproxy/nftrules"
 )
 
 // Gateway mode, in the gateway's own network namespace (CAP_NET_ADMIN):
+// each agent's interface admits only its agent's addresses as source;
 // agents' DNS to the DNS port, their other TCP to the transparent proxy,
 // the explicit proxy's port open to them, everything else dropped.
 func ExampleGatewayRules() {
 	rules, err := nftrules.GatewayRules{
-		Interfaces: []string{"veth-agent1"},
-		DNSPort:    15053, ProxyPort: 15001, OpenPorts: []uint16{15002},
+		Links:   []nftrules.Link{{Interface: "veth-agent1", Addrs: []netip.Addr{netip.MustParseAddr("198.18.1.10"), netip.MustParseAddr("fd00:1::10")}}},
+		DNSPort: 15053, ProxyPort: 15001, OpenPorts: []uint16{15002},
 	}.Apply()
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer rules.Close()
-	if err := rules.AddInterface("veth-agent2"); err != nil { // a new agent
+	agent2 := nftrules.Link{Interface: "veth-agent2", Addrs: []netip.Addr{netip.MustParseAddr("198.18.2.10")}}
+	if err := rules.AddLink(agent2); err != nil { // a new agent, pinned to its address
 		log.Fatal(err)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -22,6 +24,15 @@ import (
 // proxy; on the gateway itself agents reach only the DNS port, the proxy
 // port and the OpenPorts; anything the gateway would have to forward (UDP
 // other than DNS, ICMP, QUIC) is dropped. IPv4 and IPv6 alike.
+//
+// Who may send is decided here, once, before any socket sees a packet:
+// an agent's interface admits only the agent's own addresses as source
+// ([Link]), for every protocol; ICMPv6 from link-local (or unspecified)
+// addresses is the one exception, for neighbour discovery, without which
+// IPv6 on the link fails (the input rules then admit only that). Anything else arriving on an agent interface is
+// dropped and counted (the "spoofed" counter in the table), so that a
+// sandbox that binds another address of its subnet (IPV6_FREEBIND needs
+// no privilege) speaks as nobody.
 type GatewayRules struct {
 	// Table names the nftables table (family inet); "" means
 	// DefaultTable.
@@ -29,10 +40,12 @@ type GatewayRules struct {
 	// NetNS is the path of the network namespace to install in (such as
 	// /run/netns/gw); "" means the caller's.
 	NetNS string
-	// Interfaces and Sources say which traffic comes from agents. More can
-	// be added later with Rules.AddInterface.
-	Interfaces []string
-	Sources    []netip.Prefix
+	// Links are the agents' interfaces and the addresses each admits as
+	// source; more can be added later with Rules.AddLink. Sources are
+	// prefixes whose traffic counts as agents' wherever it arrives (no
+	// interface of its own: not pinned).
+	Links   []Link
+	Sources []netip.Prefix
 	// AgentPools are the addresses agents are given: a packet from one
 	// that arrives other than on an agent interface (from the uplink,
 	// say) is dropped, so nothing outside can speak as an agent.
@@ -48,6 +61,13 @@ type GatewayRules struct {
 	// NoNetwork drops everything from agents, DNS included: sandboxes
 	// have no network at all. The ports are then not needed.
 	NoNetwork bool
+	// DNSPacketsPerSecond bounds the UDP DNS packets each agent
+	// interface may send, in the kernel, with bursts of twice as many:
+	// a ceiling above any agent's own DNS quota (which the DNS server
+	// enforces), so that one agent's flood at line rate cannot fill the
+	// DNS socket's queue, which every agent shares. Zero means
+	// DefaultDNSPacketsPerSecond.
+	DNSPacketsPerSecond uint32
 }
 
 // SidecarRules are the rules of sidecar mode, installed inside the
@@ -68,6 +88,14 @@ type SidecarRules struct {
 	DNSPort, HTTPPort, TLSPort, OtherPort uint16
 }
 
+// Link is an agent's interface on the gateway, and the addresses its
+// agent sends from. An interface admits no other source: a Link without
+// addresses admits only neighbour discovery.
+type Link struct {
+	Interface string
+	Addrs     []netip.Addr
+}
+
 // Rules is an installed table. Close removes it. If the process dies
 // without Close, the table stays: redirected traffic meets closed ports and
 // forwarding stays dropped, so sandboxes lose the network, never gain it.
@@ -76,14 +104,19 @@ type Rules struct {
 	conn   *nftables.Conn
 	table  *nftables.Table
 	ifaces *nftables.Set // nil in sidecar mode
-	netns  *os.File
-	closed bool
+	// pinned4 and pinned6 hold interface . source address pairs: the
+	// sources each agent interface admits (gateway mode).
+	pinned4, pinned6 *nftables.Set
+	links            map[string][]netip.Addr // the pairs, by interface, to remove them
+	netns            *os.File
+	closed           bool
 }
 
 // Defaults for the rules' zero fields: the table, and the sidecar seed's
 // ports and uid.
 const (
-	DefaultTable     = "egress"
+	DefaultTable               = "egress"
+	DefaultDNSPacketsPerSecond = 2000
 	DefaultExemptUID = 1337
 	DefaultDNSPort   = 15053
 	DefaultHTTPPort  = 15001
@@ -94,6 +127,10 @@ const (
 const (
 	chainAgentNAT = "agent_nat"
 	chainAgentIn  = "agent_in"
+	chainAgentSrc = "agent_src"
+	// counterSpoofed counts the packets dropped for a source their
+	// interface does not admit.
+	counterSpoofed = "spoofed"
 )
 
 // Apply installs the gateway rules as one batch, replacing a table of the
@@ -180,12 +217,25 @@ func (g GatewayRules) build(r *Rules) error {
 	c, t := r.conn, r.table
 	r.replaceTable()
 	r.ifaces = &nftables.Set{Table: t, Name: "agent_ifaces", KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian}
-	var elems []nftables.SetElement
-	for _, name := range g.Interfaces {
-		elems = append(elems, nftables.SetElement{Key: ifname(name)})
+	r.pinned4 = &nftables.Set{Table: t, Name: "agent_pinned4", Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIPAddr)}
+	r.pinned6 = &nftables.Set{Table: t, Name: "agent_pinned6", Concatenation: true,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIFName, nftables.TypeIP6Addr)}
+	r.links = map[string][]netip.Addr{}
+	var ifaces, pinned4, pinned6 []nftables.SetElement
+	for _, l := range g.Links {
+		ifaces = append(ifaces, nftables.SetElement{Key: ifname(l.Interface)})
+		p4, p6 := pinnedElements(l)
+		pinned4, pinned6 = append(pinned4, p4...), append(pinned6, p6...)
+		r.links[l.Interface] = slices.Clone(l.Addrs)
 	}
-	if err := c.AddSet(r.ifaces, elems); err != nil {
-		return fmt.Errorf("nftrules: interface set: %w", err)
+	for _, set := range []struct {
+		s     *nftables.Set
+		elems []nftables.SetElement
+	}{{r.ifaces, ifaces}, {r.pinned4, pinned4}, {r.pinned6, pinned6}} {
+		if err := c.AddSet(set.s, set.elems); err != nil {
+			return fmt.Errorf("nftrules: set %s: %w", set.s.Name, err)
+		}
 	}
 	src4, src6, err := addPrefixSets(c, t, "agent_src", g.Sources)
 	if err != nil {
@@ -198,6 +248,7 @@ func (g GatewayRules) build(r *Rules) error {
 
 	agentNAT := c.AddChain(&nftables.Chain{Name: chainAgentNAT, Table: t})
 	agentIn := c.AddChain(&nftables.Chain{Name: chainAgentIn, Table: t})
+	agentSrc := c.AddChain(&nftables.Chain{Name: chainAgentSrc, Table: t})
 	accept := nftables.ChainPolicyAccept
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &accept})
@@ -205,18 +256,34 @@ func (g GatewayRules) build(r *Rules) error {
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	// Anti-spoofing, before anything judges a source: a packet from an
-	// agent interface whose source address would not be routed back out
-	// of that interface is dropped. Otherwise a sandbox that added another
-	// agent's address to its interface could send DNS queries (which need
-	// no answer to leak data) under that agent's policy.
+	// Source pinning, before anything judges a source (at the raw
+	// priority, ahead of conntrack): a packet on an agent interface must
+	// come from an address of that interface's agent.
 	spoof := c.AddChain(&nftables.Chain{Name: "agent_spoof", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw, Policy: &accept})
+	spoofed := c.AddObj(&nftables.CounterObj{Table: t, Name: counterSpoofed})
 	c.AddRule(&nftables.Rule{Table: t, Chain: spoof, Exprs: []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, lookup(r.ifaces),
-		&expr.Fib{Register: 1, FlagSADDR: true, FlagIIF: true, ResultOIF: true},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
-		drop(),
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, lookup(r.ifaces), jump(chainAgentSrc),
+	}})
+	for _, m := range [][]expr.Any{
+		append(nfproto(unix.NFPROTO_IPV4), &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}, lookup(r.pinned4)),
+		append(nfproto(unix.NFPROTO_IPV6), &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Payload{DestRegister: 2, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16}, lookup(r.pinned6)),
+	} {
+		c.AddRule(&nftables.Rule{Table: t, Chain: agentSrc, Exprs: append(m, &expr.Verdict{Kind: expr.VerdictReturn})})
+	}
+	// ICMPv6 from link-local or unspecified addresses: the link's own
+	// business (neighbour discovery, which agent_in admits; multicast
+	// listener reports, which it drops), not a source to judge.
+	for _, from := range []netip.Prefix{netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("::/128")} {
+		m := append(append(nfproto(unix.NFPROTO_IPV6), l4(unix.IPPROTO_ICMPV6, 0)...),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16})
+		m = append(append(m, prefixMatch(from, 1)...), &expr.Verdict{Kind: expr.VerdictReturn})
+		c.AddRule(&nftables.Rule{Table: t, Chain: agentSrc, Exprs: m})
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentSrc, Exprs: []expr.Any{
+		&expr.Objref{Type: objectCounter, Name: spoofed.(*nftables.CounterObj).Name}, drop(),
 	}})
 	// And an agent's address arrives only on an agent interface (or on
 	// loopback, when the host speaks to its own end of an agent's link).
@@ -270,7 +337,24 @@ func (g GatewayRules) build(r *Rules) error {
 	}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentNAT, Exprs: redirectPort(unix.IPPROTO_TCP, 0, g.ProxyPort)})
 
-	// agent_in: replies, IPv6 neighbour discovery, the named ports; else drop.
+	// agent_in: DNS within its kernel ceiling (before the established
+	// rule: a UDP flow is established after its first answer), replies,
+	// IPv6 neighbour discovery, the named ports; else drop.
+	dnsRate := &nftables.Set{Table: t, Name: "dns_rate", KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian,
+		Dynamic: true, HasTimeout: true, Timeout: time.Minute}
+	if err := c.AddSet(dnsRate, nil); err != nil {
+		return fmt.Errorf("nftrules: set %s: %w", dnsRate.Name, err)
+	}
+	rate := g.DNSPacketsPerSecond
+	if rate == 0 {
+		rate = DefaultDNSPacketsPerSecond
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: append(l4(unix.IPPROTO_UDP, g.DNSPort),
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Dynset{SrcRegKey: 1, SetName: dnsRate.Name, SetID: dnsRate.ID, Operation: dynsetUpdate, Exprs: []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(rate), Over: true, Unit: expr.LimitTimeSecond, Burst: 2 * rate},
+		}},
+		drop())})
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: established()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: neighbourDiscovery()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: acceptPort(unix.IPPROTO_UDP, g.DNSPort)})
@@ -326,36 +410,119 @@ func (sc SidecarRules) build(r *Rules) {
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{drop()}})
 }
 
-// AddInterface adds an agent-facing interface (gateway mode).
-func (r *Rules) AddInterface(name string) error {
-	return r.setInterface(name, true)
-}
+// objectCounter is NFT_OBJECT_COUNTER, the type of a named counter, and
+// dynsetUpdate NFT_DYNSET_OP_UPDATE, which adds an element or refreshes
+// it.
+const (
+	objectCounter = 1
+	dynsetUpdate  = 1
+)
 
-// RemoveInterface removes an agent-facing interface (gateway mode).
-func (r *Rules) RemoveInterface(name string) error {
-	return r.setInterface(name, false)
-}
-
-func (r *Rules) setInterface(name string, add bool) error {
+// AddLink adds an agent's interface and the sources it admits (gateway
+// mode). Adding an interface again replaces its addresses.
+func (r *Rules) AddLink(l Link) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if old, ok := r.links[l.Interface]; ok {
+		r.deletePinned(Link{Interface: l.Interface, Addrs: old})
+	}
+	if err := r.conn.SetAddElements(r.ifaces, []nftables.SetElement{{Key: ifname(l.Interface)}}); err != nil {
+		return fmt.Errorf("nftrules: add interface %s: %w", l.Interface, err)
+	}
+	p4, p6 := pinnedElements(l)
+	for _, set := range []struct {
+		s     *nftables.Set
+		elems []nftables.SetElement
+	}{{r.pinned4, p4}, {r.pinned6, p6}} {
+		if len(set.elems) == 0 {
+			continue
+		}
+		if err := r.conn.SetAddElements(set.s, set.elems); err != nil {
+			return fmt.Errorf("nftrules: pin %s: %w", l.Interface, err)
+		}
+	}
+	if err := r.conn.Flush(); err != nil {
+		return fmt.Errorf("nftrules: add interface %s: %w", l.Interface, err)
+	}
+	r.links[l.Interface] = slices.Clone(l.Addrs)
+	return nil
+}
+
+// RemoveLink removes an agent's interface and its pinned sources
+// (gateway mode).
+func (r *Rules) RemoveLink(iface string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.usable(); err != nil {
+		return err
+	}
+	if addrs, ok := r.links[iface]; ok {
+		r.deletePinned(Link{Interface: iface, Addrs: addrs})
+	}
+	if err := r.conn.SetDeleteElements(r.ifaces, []nftables.SetElement{{Key: ifname(iface)}}); err != nil {
+		return fmt.Errorf("nftrules: remove interface %s: %w", iface, err)
+	}
+	if err := r.conn.Flush(); err != nil {
+		return fmt.Errorf("nftrules: remove interface %s: %w", iface, err)
+	}
+	delete(r.links, iface)
+	return nil
+}
+
+func (r *Rules) usable() error {
 	if r.closed || r.ifaces == nil {
-		return errors.New("nftrules: no interface set (closed, or sidecar rules)")
-	}
-	e := []nftables.SetElement{{Key: ifname(name)}}
-	var err error
-	if add {
-		err = r.conn.SetAddElements(r.ifaces, e)
-	} else {
-		err = r.conn.SetDeleteElements(r.ifaces, e)
-	}
-	if err == nil {
-		err = r.conn.Flush()
-	}
-	if err != nil {
-		return fmt.Errorf("nftrules: update interface %s: %w", name, err)
+		return errors.New("nftrules: no agent interfaces (closed, or sidecar rules)")
 	}
 	return nil
+}
+
+// deletePinned queues the removal of a link's pinned pairs, for the next
+// flush.
+func (r *Rules) deletePinned(l Link) {
+	p4, p6 := pinnedElements(l)
+	if len(p4) > 0 {
+		r.conn.SetDeleteElements(r.pinned4, p4)
+	}
+	if len(p6) > 0 {
+		r.conn.SetDeleteElements(r.pinned6, p6)
+	}
+}
+
+// Spoofed is how many packets arrived on an agent interface from a source
+// it does not admit (gateway mode).
+func (r *Rules) Spoofed() (uint64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.usable(); err != nil {
+		return 0, err
+	}
+	o, err := r.conn.GetObject(&nftables.CounterObj{Table: r.table, Name: counterSpoofed})
+	if err != nil {
+		return 0, fmt.Errorf("nftrules: read counter %s: %w", counterSpoofed, err)
+	}
+	c, ok := o.(*nftables.CounterObj)
+	if !ok {
+		return 0, fmt.Errorf("nftrules: counter %s is a %T", counterSpoofed, o)
+	}
+	return c.Packets, nil
+}
+
+// pinnedElements are the interface . address keys of a link, IPv4 and
+// IPv6 (IPv4-mapped addresses as IPv4).
+func pinnedElements(l Link) (v4, v6 []nftables.SetElement) {
+	for _, a := range l.Addrs {
+		a = a.Unmap()
+		key := append(ifname(l.Interface), a.AsSlice()...)
+		if a.Is4() {
+			v4 = append(v4, nftables.SetElement{Key: key})
+		} else {
+			v6 = append(v6, nftables.SetElement{Key: key})
+		}
+	}
+	return v4, v6
 }
 
 // Close removes the table. It is safe to call more than once.
@@ -511,4 +678,17 @@ func neighbourDiscovery() []expr.Any {
 		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{136}},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	)
+}
+
+// prefixMatch matches the address in register reg against p.
+func prefixMatch(p netip.Prefix, reg uint32) []expr.Any {
+	addr := p.Masked().Addr().AsSlice()
+	mask := make([]byte, len(addr))
+	for i := range p.Bits() {
+		mask[i/8] |= 0x80 >> (i % 8)
+	}
+	return []expr.Any{
+		&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: uint32(len(addr)), Mask: mask, Xor: make([]byte, len(addr))},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: addr},
+	}
 }
