@@ -1,9 +1,14 @@
 package egress_test
 
 import (
+	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -38,4 +43,36 @@ func TestPolicyAndVaultAgreeOnHosts(t *testing.T) {
 			assert.Equal(t, allowed, injected, "pattern %q, host %q: policy allows=%v (expected), vault injects=%v (actual)", pattern, host, allowed, injected)
 		}
 	}
+}
+
+// TestNamesCanonicalAtTheDoor keeps name handling in one place: the
+// building blocks put a name in canonical form with internal/hostname
+// when it enters, and compare canonical names exactly after; nowhere else
+// do they fold a name's case by hand. A case-insensitive comparison of
+// something that is not a name says so on its line ("// not a name").
+func TestNamesCanonicalAtTheDoor(t *testing.T) {
+	folding := regexp.MustCompile(`strings\.(ToLower|EqualFold)\(`)
+	var found []string
+	for _, dir := range []string{"netguard", "policy", "egresslog", "dnsfilter", "tproxy", "mitm", "vault", "internal"} {
+		err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			if strings.HasPrefix(path, filepath.Join("internal", "hostname")) || strings.HasPrefix(path, filepath.Join("internal", "testkit")) {
+				return nil // the one place, and test support
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for i, line := range strings.Split(string(data), "\n") {
+				if folding.MatchString(line) && !strings.Contains(line, "// not a name") {
+					found = append(found, fmt.Sprintf("%s:%d: %s", path, i+1, strings.TrimSpace(line)))
+				}
+			}
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	assert.Empty(t, found, "names folded by hand, not by internal/hostname")
 }

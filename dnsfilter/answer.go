@@ -7,6 +7,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -58,12 +59,12 @@ func filter(up *dns.Msg, q dns.Question, o filterOptions) answer {
 	for range maxChain {
 		target := ""
 		for _, rr := range up.Answer {
-			if c, ok := rr.(*dns.CNAME); ok && strings.EqualFold(c.Hdr.Name, current) {
+			if c, ok := rr.(*dns.CNAME); ok && hostname.Same(c.Hdr.Name, current) {
 				target = c.Target
 				break
 			}
 		}
-		if target == "" || containsFold(chain, target) {
+		if target == "" || containsName(chain, target) {
 			break
 		}
 		if !o.trustCNAME {
@@ -78,7 +79,7 @@ func filter(up *dns.Msg, q dns.Question, o filterOptions) answer {
 	age := uint32(o.age / time.Second)
 	for _, rr := range up.Answer {
 		h := rr.Header()
-		if !containsFold(chain, h.Name) {
+		if !containsName(chain, h.Name) {
 			continue
 		}
 		ttl := h.Ttl - min(age, h.Ttl)
@@ -169,9 +170,10 @@ func withTTL(h *dns.RR_Header, ttl uint32) dns.RR_Header {
 	return c
 }
 
-func containsFold(names []string, n string) bool {
+// containsName reports whether n (off the wire) is one of names.
+func containsName(names []string, n string) bool {
 	for _, x := range names {
-		if strings.EqualFold(x, n) {
+		if hostname.Same(x, n) {
 			return true
 		}
 	}

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/agenthold/egress/internal/hostname"
 )
 
 // upstreamUDPSize is the EDNS0 buffer size advertised to upstreams (the
@@ -94,5 +95,5 @@ func exchangeOne(ctx context.Context, upstream string, m *dns.Msg) (*dns.Msg, er
 }
 
 func sameQuestion(a, b dns.Question) bool {
-	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && strings.EqualFold(a.Name, b.Name)
+	return a.Qtype == b.Qtype && a.Qclass == b.Qclass && hostname.Same(a.Name, b.Name)
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"strings"
 
 	"github.com/miekg/dns"
 
+	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/policy"
 )
@@ -39,8 +39,13 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 	if agent := policy.AgentFrom(ctx); agent != "" {
 		// A name the gateway resolves for an agent leaves as surely as
 		// one the agent looks up itself.
-		if why := s.suspectTunnel(agent, name, dns.TypeA); why != "" && s.Tunnel.Refuse {
-			return nil, &net.DNSError{Err: why, Name: host, IsNotFound: true}
+		// Its verdict reaches the record of the connection or request
+		// the lookup is for.
+		if why := s.suspectTunnel(agent, name, dns.TypeA); why != "" {
+			egresslog.NotesFrom(ctx).Add(why)
+			if s.Tunnel.Refuse {
+				return nil, &net.DNSError{Err: why, Name: host, IsNotFound: true}
+			}
 		}
 	}
 	type result struct {
@@ -94,18 +99,18 @@ func addressesOf(m *dns.Msg, name string) []netip.Addr {
 	for range maxChain {
 		next := ""
 		for _, rr := range m.Answer {
-			if c, ok := rr.(*dns.CNAME); ok && strings.EqualFold(c.Hdr.Name, chain[len(chain)-1]) {
+			if c, ok := rr.(*dns.CNAME); ok && hostname.Same(c.Hdr.Name, chain[len(chain)-1]) {
 				next = c.Target
 			}
 		}
-		if next == "" || containsFold(chain, next) {
+		if next == "" || containsName(chain, next) {
 			break
 		}
 		chain = append(chain, next)
 	}
 	var out []netip.Addr
 	for _, rr := range m.Answer {
-		if !containsFold(chain, rr.Header().Name) {
+		if !containsName(chain, rr.Header().Name) {
 			continue
 		}
 		var ip net.IP

@@ -121,11 +121,11 @@ type suspicion struct {
 	changed bool
 }
 
-// observe counts a lookup of name (lower or mixed case, with or without
-// the final dot) of type qtype by agent at now.
+// observe counts a lookup of name (canonical, with or without the final
+// dot) of type qtype by agent at now.
 func (d *tunnelDetector) observe(agent, name string, qtype uint16, now time.Time) suspicion {
 	name = strings.TrimSuffix(name, ".")
-	zone, err := publicsuffix.EffectiveTLDPlusOne(strings.ToLower(name))
+	zone, err := publicsuffix.EffectiveTLDPlusOne(name)
 	if err != nil || len(zone) >= len(name) {
 		return suspicion{} // a public suffix or the zone itself: no label carries data
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -276,6 +277,13 @@ func TestTunnelThroughServer(t *testing.T) {
 			assert.Equal(t, before, h.up.total(), "a suspect name went upstream")
 		} else {
 			assert.NotEqual(t, dns.RcodeRefused, rcode, "a suspect query was refused without Refuse")
+			// The gateway's own lookup for the agent (an SNI, a Host, a
+			// CONNECT target) leaves its verdict for the record of the
+			// connection it is for.
+			notes := new(egresslog.Notes)
+			ctx := egresslog.WithNotes(policy.WithAgent(context.Background(), "a1"), notes)
+			h.srv.LookupNetIP(ctx, "ip", "www.exfil.test") // not in the zone: its verdict stands all the same
+			assert.Contains(t, notes.Annotate("allowed by rule"), ReasonTunnel, "the lookup's verdict")
 		}
 	}
 }

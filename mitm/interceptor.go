@@ -346,15 +346,15 @@ func (a *activeRequests) closeAndWait() {
 // reqState is one request's bookkeeping, shared by the handler, the
 // rewrite and the transport through the request's context.
 type reqState struct {
-	info         *connInfo
-	pol          *policy.Policy // the agent's policy when the request came
-	host         string         // the request's own host, judged on its own
-	secrets      []string
-	injectErr    error
-	upstreamErr  string
-	refused      bool             // netguard refused the upstream address
-	redact       *redact.Replacer // nil: nothing to redact
-	wsSub        *redact.Replacer // a WebSocket's client messages' substitutions, or nil
+	info        *connInfo
+	pol         *policy.Policy // the agent's policy when the request came
+	host        string         // the request's own host, judged on its own
+	secrets     []string
+	injectErr   error
+	upstreamErr string
+	refused     bool             // netguard refused the upstream address
+	redact      *redact.Replacer // nil: nothing to redact
+	wsSub       *redact.Replacer // a WebSocket's client messages' substitutions, or nil
 }
 
 type reqStateKey struct{}
@@ -406,7 +406,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if !strings.EqualFold(canon, info.host) {
+	if canon != info.host { // both canonical
 		rec.Reason = ReasonHostMismatch
 	}
 	red, err := i.redactorFor(info.agent, canon)
@@ -442,7 +442,9 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		defer bw.finish()
 		out = bw
 	}
-	i.proxy.ServeHTTP(out, r.WithContext(context.WithValue(r.Context(), reqStateKey{}, st)))
+	notes := new(egresslog.Notes)
+	i.proxy.ServeHTTP(out, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), reqStateKey{}, st), notes)))
+	defer func() { rec.Reason = notes.Annotate(rec.Reason) }() // after the record's other changes, before it is recorded
 	rec.BytesUp = body.Bytes()
 	rec.Secret = strings.Join(st.secrets, ",")
 	var refused interface{ Refused() bool }

@@ -63,7 +63,7 @@ func decoded(resp *http.Response) (io.Reader, error) {
 	var codings []string
 	for _, v := range resp.Header.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(v, ",") {
-			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" {
+			if c = strings.ToLower(strings.TrimSpace(c)); c != "" && c != "identity" { // not a name: a content coding
 				codings = append(codings, c)
 			}
 		}

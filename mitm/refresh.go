@@ -8,8 +8,8 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"strings"
 
+	"github.com/agenthold/egress/internal/hostname"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/redact"
 )
@@ -49,7 +49,7 @@ type RefreshExchange struct {
 // refresh-token grant is refused (400): the token goes nowhere else.
 func (x *RefreshExchange) Hook() Hook {
 	return func(w http.ResponseWriter, r *http.Request, agent string) bool {
-		if r.Method != http.MethodPost || !strings.EqualFold(httpfwd.HostOnly(r.Host), httpfwd.HostOnly(x.Host)) || r.URL.Path != x.Path {
+		if r.Method != http.MethodPost || !sameHost(httpfwd.HostOnly(r.Host), httpfwd.HostOnly(x.Host)) || r.URL.Path != x.Path {
 			return false
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, maxTokenBody+1))
@@ -204,4 +204,11 @@ func tokenFields(contentType string, body []byte) (refresh, access string, ok bo
 func (i *Interceptor) Client(allowPrivate bool) *http.Client {
 	i.init()
 	return &http.Client{Transport: i.transports.For(allowPrivate), CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// sameHost reports whether two hosts are one name in canonical form.
+func sameHost(a, b string) bool {
+	na, errA := hostname.Normalize(a)
+	nb, errB := hostname.Normalize(b)
+	return errA == nil && errB == nil && na == nb
 }

@@ -39,7 +39,7 @@ func (m Mode) String() string {
 
 // ParseMode parses "open", "allowlist", or "deny" (also "deny-all").
 func ParseMode(s string) (Mode, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
+	switch strings.ToLower(strings.TrimSpace(s)) { // not a name: a mode
 	case "open":
 		return Open, nil
 	case "allowlist":

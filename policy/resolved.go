@@ -59,6 +59,11 @@ func (e *ResolvedError) Error() string {
 	return fmt.Sprintf("policy: %s resolved to %s: %s", e.Host, e.Addr, e.Reason)
 }
 
+// Is makes errors.Is(err, netguard.ErrDenied) true: like netguard's own
+// refusals, it refuses an address at dial time, and whoever reports the
+// dial says so (a denial, not a failure).
+func (e *ResolvedError) Is(target error) bool { return target == netguard.ErrDenied }
+
 // WithPolicy returns a context carrying the policy a request is sent
 // under, for the dialler's CheckResolved (see DialCheck).
 func WithPolicy(ctx context.Context, p *Policy) context.Context {

@@ -1,6 +1,10 @@
 package tproxy
 
 import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"testing"
 
@@ -53,4 +57,39 @@ func TestResolvedAddressDenied(t *testing.T) {
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.test" && !r.Allowed })
 	assert.Contains(t, r.Reason, policy.ReasonDenyEntry, "record %+v", r)
 	assert.Contains(t, r.Reason, "127.0.0.2", "record %+v", r)
+}
+
+// TestResolvedAddressDeniedOverPlainHTTP: a plain HTTP request to an
+// allowed name whose address a deny entry covers is a denial: 403 with a
+// Proxy-Status that says why, and a record that is not allowed and names
+// the entry, transparently and through the explicit proxy.
+func TestResolvedAddressDeniedOverPlainHTTP(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*", "!127.0.0.2"}, nil)
+	check := func(t *testing.T, resp *http.Response) {
+		t.Helper()
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+		assert.Contains(t, resp.Header.Get("Proxy-Status"), "error=destination_ip_prohibited")
+		assert.Contains(t, resp.Header.Get("Proxy-Status"), policy.ReasonDenyEntry)
+		r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Status == http.StatusForbidden })
+		assert.False(t, r.Allowed, "record %+v", r)
+		assert.Equal(t, "!127.0.0.2", r.Rule, "record %+v", r)
+	}
+	t.Run("transparent", func(t *testing.T) {
+		c := w.dial(w.httpAddr)
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: api.test\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		check(t, resp)
+	})
+	t.Run("explicit", func(t *testing.T) {
+		c, err := net.Dial("tcp", w.explicit.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		fmt.Fprintf(c, "GET http://api.test:%d/ HTTP/1.1\r\nHost: api.test\r\n\r\n", w.httpAddr.Port())
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		check(t, resp)
+	})
 }

@@ -175,14 +175,14 @@ func proxyAuthorization(v string) (user, token string, ok bool) {
 	scheme, rest, _ := strings.Cut(v, " ")
 	rest = strings.TrimSpace(rest)
 	switch {
-	case strings.EqualFold(scheme, "Basic"):
+	case strings.EqualFold(scheme, "Basic"): // not a name: an auth scheme
 		raw, err := base64.StdEncoding.DecodeString(rest)
 		if err != nil {
 			return "", "", false
 		}
 		user, token, ok = strings.Cut(string(raw), ":")
 		return user, token, ok && token != ""
-	case strings.EqualFold(scheme, "Bearer"):
+	case strings.EqualFold(scheme, "Bearer"): // not a name: an auth scheme
 		return "", rest, rest != ""
 	}
 	return "", "", false
@@ -198,8 +198,9 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindConnect, Host: r.Host, Target: r.Host}
+	notes := new(egresslog.Notes)
 	refuse := func(a answer) {
-		rec.Reason, rec.Status, rec.Duration = a.why, a.status, time.Since(start)
+		rec.Reason, rec.Status, rec.Duration = notes.Annotate(a.why), a.status, time.Since(start)
 		rec.Allowed = false
 		if !a.unrecorded {
 			p.record(rec)
@@ -221,7 +222,8 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	agent, pol := who.agent, who.pol
 	rec.Agent = agent
 
-	s := &session{p: p, client: nil, agent: agent, pol: pol, current: who.current, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
+	s := &session{p: p, client: nil, agent: agent, pol: pol, current: who.current, notes: notes, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
+	dialCtx := egresslog.WithNotes(policy.WithAgent(r.Context(), agent), notes)
 	var t target
 	var d policy.Decision
 	switch a, err := netguard.ParseLiteral(host); {
@@ -274,9 +276,9 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	if intercepted {
 		// The Interceptor dials on its own; the name must resolve to an
 		// address the guard and the policy permit.
-		err = p.checkName(policy.WithAgent(r.Context(), agent), pol, s.connectName, uint16(port))
+		err = p.checkName(dialCtx, pol, s.connectName, uint16(port))
 	} else {
-		up, err = p.dial(policy.WithAgent(r.Context(), agent), pol, t)
+		up, err = p.dial(dialCtx, pol, t)
 	}
 	if err != nil {
 		refuse(dialAnswer(err))
@@ -310,7 +312,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	tracked, untrack := p.trackAgentConn(agent, conn)
 	defer untrack()
 	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
-	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
+	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
 	defer cancel()
 	s.ctx, s.client, s.tracked = ctx, conn, tracked
 	// Dialled already, or, when intercepted, dialled only for other TCP.

@@ -64,9 +64,21 @@ func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 }
 
 func (p *Proxy) startHTTP() {
-	p.transports = httpfwd.NewTransports(httpfwd.Config{
+	cfg := httpfwd.Config{
 		Guard: p.Guard, Resolver: p.Resolver, DialTimeout: orDefault(p.DialTimeout, DefaultDialTimeout), Check: policy.DialCheck,
-	})
+	}
+	p.transports = httpfwd.NewTransports(cfg)
+	cfg.H2C = true
+	p.transportsH2C = httpfwd.NewTransports(cfg)
+	p.forward = &httputil.ReverseProxy{
+		Rewrite:   rewritePlain,
+		Transport: plainTransport{p},
+		// Zero: streams (server-sent events, unknown length) are flushed on
+		// every write; fixed-length bodies are buffered.
+		FlushInterval: 0,
+		ErrorLog:      log.New(io.Discard, "", 0),
+		ErrorHandler:  plainError,
+	}
 	p.httpConns = newConnQueue()
 	p.httpSrv = p.newHTTPServer(http.HandlerFunc(p.serveHTTP), func(ctx context.Context, c net.Conn) context.Context {
 		if hc, ok := c.(*httpConn); ok {
@@ -74,6 +86,11 @@ func (p *Proxy) startHTTP() {
 		}
 		return ctx
 	})
+	// Transparent HTTP may be HTTP/2 with prior knowledge (h2c: plain
+	// gRPC): each stream is a request, judged by its own :authority.
+	p.httpSrv.Protocols = new(http.Protocols)
+	p.httpSrv.Protocols.SetHTTP1(true)
+	p.httpSrv.Protocols.SetUnencryptedHTTP2(true)
 	go p.httpSrv.Serve(p.httpConns)
 }
 
@@ -166,32 +183,72 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	body := httpmeter.CountBody(r)
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out = pr.Out.WithContext(policy.WithPolicy(policy.WithAgent(pr.Out.Context(), agent), pol))
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = t.dialAddress()
-			pr.Out.Host = r.Host
-		},
-		Transport: p.transports.For(pol.AllowPrivateNetworks()),
-		// Zero: streams (server-sent events, unknown length) are flushed on
-		// every write; fixed-length bodies are buffered.
-		FlushInterval: 0,
-		ErrorLog:      log.New(io.Discard, "", 0),
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			f := httpfwd.Describe(err)
-			a := dialAnswer(err)
-			a.why = reasonUpstreamPrefix + f.Why // without the URL
-			rec.Reason = a.why
-			rec.Allowed = !f.Refused
-			a.write(w)
-		},
-	}
-	rp.ServeHTTP(cw, r)
+	st := &plainState{p: p, agent: agent, pol: pol, target: t, rec: &rec}
+	notes := new(egresslog.Notes)
+	p.forward.ServeHTTP(cw, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), plainStateKey{}, st), notes)))
+	rec.Reason = notes.Annotate(rec.Reason)
 	rec.Status = cw.Status
 	rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
 	rec.Duration = time.Since(start)
 	p.record(rec)
+}
+
+// plainState is one plain HTTP request's forwarding, for the shared
+// ReverseProxy's hooks.
+type plainState struct {
+	p      *Proxy
+	agent  string
+	pol    *policy.Policy
+	target target
+	rec    *egresslog.Record
+}
+
+type plainStateKey struct{}
+
+func plainStateOf(r *http.Request) *plainState {
+	st, _ := r.Context().Value(plainStateKey{}).(*plainState)
+	return st
+}
+
+// rewritePlain points a plain HTTP request at its judged target, under
+// its agent's policy (for the dial's per-address rules).
+func rewritePlain(pr *httputil.ProxyRequest) {
+	st := plainStateOf(pr.In)
+	pr.Out = pr.Out.WithContext(policy.WithPolicy(policy.WithAgent(pr.Out.Context(), st.agent), st.pol))
+	pr.Out.URL.Scheme = "http"
+	pr.Out.URL.Host = st.target.dialAddress()
+	pr.Out.Host = pr.In.Host
+}
+
+// plainTransport sends a plain request on the transport for its agent's
+// private-network permission, as HTTP/2 with prior knowledge when it came
+// so.
+type plainTransport struct{ p *Proxy }
+
+func (t plainTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	st := plainStateOf(r)
+	ts := t.p.transports
+	if r.ProtoMajor == 2 {
+		ts = t.p.transportsH2C
+	}
+	return ts.For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+}
+
+// plainError answers an upstream failure, with its reason, and records
+// a refused address (a netguard or policy refusal at dial time) as a
+// denial.
+func plainError(w http.ResponseWriter, r *http.Request, err error) {
+	st := plainStateOf(r)
+	f := httpfwd.Describe(err)
+	a := dialAnswer(err)
+	a.why = reasonUpstreamPrefix + f.Why // without the URL
+	st.rec.Reason = a.why
+	st.rec.Allowed = !f.Refused
+	var resolved *policy.ResolvedError
+	if errors.As(err, &resolved) {
+		st.rec.Rule = resolved.Rule
+	}
+	a.write(w)
 }
 
 // pacedBody holds a request body to its agent's rate up.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -133,7 +134,9 @@ type Proxy struct {
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
 	httpConns     *connQueue
-	transports    *httpfwd.Transports
+	transports    *httpfwd.Transports // plain HTTP upstream
+	transportsH2C *httpfwd.Transports // and HTTP/2 with prior knowledge
+	forward       *httputil.ReverseProxy
 	explicitSrvs  []*http.Server
 	sessionsWG    sync.WaitGroup
 	mu            sync.Mutex

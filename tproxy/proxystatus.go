@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/agenthold/egress/netguard"
+	"github.com/agenthold/egress/policy"
 )
 
 // ProxyStatusName identifies this proxy in the Proxy-Status header field
@@ -85,7 +86,11 @@ func dialAnswer(err error) answer {
 	why := reasonUpstreamPrefix + err.Error()
 	var dnsErr *net.DNSError
 	var denied *netguard.DeniedError
+	var resolved *policy.ResolvedError
 	switch {
+	case errors.As(err, &resolved):
+		return answer{status: http.StatusForbidden, errType: "destination_ip_prohibited", why: why, refused: true,
+			details: "the destination's address is refused: " + resolved.Reason}
 	case errors.As(err, &denied):
 		return answer{status: http.StatusForbidden, errType: "destination_ip_prohibited", why: why, refused: true,
 			details: "the destination's address is refused: " + denied.Class.Tier.String()}

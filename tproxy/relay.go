@@ -166,6 +166,7 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 		rec.Reason = t.decision.Reason
 	}
 	rec.Duration = time.Since(s.start)
+	rec.Reason = s.notes.Annotate(rec.Reason)
 	if conn != nil {
 		conn.End(rec)
 	}

@@ -122,12 +122,13 @@ type session struct {
 	// moment, which judges each request inside and a policy change.
 	pol     *policy.Policy
 	current policy.Current
-	tracked *agentConn // for CloseAgent and Rejudge
+	tracked *agentConn       // for CloseAgent and Rejudge
+	notes   *egresslog.Notes // what the gateway's work for it found (its lookups)
 	src     netip.AddrPort
-	dst    netip.AddrPort // original destination; for CONNECT to a name, only the port
-	names  []string       // names to judge other TCP by
-	kind   egresslog.Kind // KindConnect for tunnels; otherwise set by protocol
-	start  time.Time
+	dst     netip.AddrPort // original destination; for CONNECT to a name, only the port
+	names   []string       // names to judge other TCP by
+	kind    egresslog.Kind // KindConnect for tunnels; otherwise set by protocol
+	start   time.Time
 	// For a CONNECT tunnel: the target as the client asked, the name it
 	// judged when the target is a name (what flows inside must name the
 	// same), and the target dialled before the tunnel was answered.
@@ -186,10 +187,11 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 	if p.Names != nil {
 		names = p.Names(agent, dst.Addr())
 	}
-	ctx, cancel := context.WithCancel(policy.WithAgent(p.baseCtx, agent))
+	notes := new(egresslog.Notes)
+	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
 	defer cancel()
 	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, current: p.currentFor(agent, src.Addr()), tracked: tracked,
-		src: src, dst: dst, names: names, start: start}
+		notes: notes, src: src, dst: dst, names: names, start: start}
 	s.run(nil)
 }
 
@@ -484,6 +486,12 @@ func (s *session) run(buffered []byte) {
 			s.deny(sp.target, sp.target.decision, ReasonIdle)
 			return
 		case isTimeout(clientErr):
+			// Silent to the end: judged as other TCP, so that a name
+			// refused outright says so rather than that nobody spoke.
+			if t, d := s.judgeRaw(); d.Reason != ReasonNoName {
+				s.deny(t, d, "")
+				return
+			}
 			s.deny(target{}, policy.Decision{Reason: ReasonHelloTimeout}, "")
 			return
 		case !sp.ok:
@@ -621,6 +629,7 @@ func (s *session) deny(t target, d policy.Decision, why string) {
 		r.Reason = why
 	}
 	r.Duration = time.Since(s.start)
+	r.Reason = s.notes.Annotate(r.Reason)
 	s.p.record(r)
 	reset(s.client)
 }
@@ -633,6 +642,7 @@ func (s *session) denyTLS(t target, d policy.Decision) {
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, d)
 	r.Allowed, r.Report = false, false
 	r.Duration = time.Since(s.start)
+	r.Reason = s.notes.Annotate(r.Reason)
 	s.p.record(r)
 	s.client.SetWriteDeadline(time.Now().Add(time.Second))
 	s.client.Write(tlsAccessDenied)
@@ -644,7 +654,7 @@ func (s *session) denyTLS(t target, d policy.Decision) {
 func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 	r := s.baseRecord(kindOr(s.kind, kind), t, t.decision)
 	r.Allowed = false
-	r.Reason = reasonUpstreamPrefix + err.Error()
+	r.Reason = s.notes.Annotate(reasonUpstreamPrefix + err.Error())
 	r.Duration = time.Since(s.start)
 	s.p.record(r)
 	reset(s.client)
@@ -676,6 +686,7 @@ func (s *session) intercept(t target, hello []byte) {
 	}
 	r.BytesUp, r.BytesDown = c.read.Load(), c.written.Load()
 	r.Duration = time.Since(s.start)
+	r.Reason = s.notes.Annotate(r.Reason)
 	if conn != nil {
 		conn.End(r)
 	}

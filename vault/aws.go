@@ -111,7 +111,7 @@ func (s *sigV4) fill(credential, signedHeaders string) error {
 	if signedHeaders == "" {
 		return errors.New("the SigV4 signature names no signed headers")
 	}
-	s.signedHeaders = strings.Split(strings.ToLower(signedHeaders), ";")
+	s.signedHeaders = strings.Split(strings.ToLower(signedHeaders), ";") // not a name: header names
 	t, err := time.Parse(awsTimeFormat, s.dateRaw)
 	if err != nil || t.Format("20060102") != parts[1] {
 		return errors.New("the SigV4 signing time is missing or disagrees with the credential scope")

@@ -170,7 +170,7 @@ func (r Rule) compile() (*compiledRule, error) {
 		return nil, errors.New("vault: body_types without replace_in body")
 	}
 	for _, t := range r.BodyTypes {
-		if mt, _, err := mime.ParseMediaType(t); err != nil || mt != strings.ToLower(t) {
+		if mt, _, err := mime.ParseMediaType(t); err != nil || mt != strings.ToLower(t) { // not a name: a media type
 			return nil, fmt.Errorf("vault: body_types: %q is not a media type without parameters", t)
 		}
 	}

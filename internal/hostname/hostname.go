@@ -189,3 +189,13 @@ func Suffixes(name string, f func(suffix string) bool) {
 		i += 1 + j
 	}
 }
+
+// Same reports whether two names as they come off the wire (a DNS
+// answer's owner and targets) are one name: DNS compares names without
+// regard to ASCII case (RFC 4343), and a trailing dot does not count.
+// Names that enter the gateway are put in canonical form by Normalize
+// instead; Same is for comparing a canonical name with what an upstream
+// sent back.
+func Same(a, b string) bool {
+	return strings.EqualFold(strings.TrimSuffix(a, "."), strings.TrimSuffix(b, ".")) // the one case-insensitive comparison of names
+}

@@ -107,3 +107,17 @@ func FuzzNormalize(f *testing.F) {
 		}
 	})
 }
+
+func TestSame(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{"example.com", "EXAMPLE.com.", true},
+		{"a.example.com.", "a.example.com", true},
+		{"example.com", "example.org", false},
+		{"example.com", "xample.com", false},
+	} {
+		assert.Equal(t, tc.same, Same(tc.a, tc.b), "%q, %q", tc.a, tc.b)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -47,6 +48,10 @@ type Config struct {
 	// HTTP2 lets upstream TLS connections speak HTTP/2 when the server
 	// offers it.
 	HTTP2 bool
+	// H2C makes the transports speak HTTP/2 with prior knowledge over
+	// plain TCP, and nothing else: for requests that came that way (plain
+	// gRPC), whose streams and trailers HTTP/1.1 cannot carry.
+	H2C bool
 	// MaxConnsPerHost bounds the connections to one host, idle or not;
 	// requests beyond wait for one. Zero means no bound.
 	MaxConnsPerHost int
@@ -80,6 +85,10 @@ func NewTransports(cfg Config) *Transports {
 		t.TLSHandshakeTimeout = dial
 		t.ResponseHeaderTimeout = orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
 		t.ForceAttemptHTTP2 = cfg.HTTP2
+		if cfg.H2C {
+			t.Protocols = new(http.Protocols)
+			t.Protocols.SetUnencryptedHTTP2(true)
+		}
 		t.MaxIdleConnsPerHost = int(orDefault(time.Duration(cfg.MaxIdleConnsPerHost), DefaultMaxIdleConnsPerHost))
 		t.DisableCompression = true // bodies pass as the server sent them
 		ts[i] = t
@@ -188,11 +197,14 @@ func HostOnly(hostport string) string {
 // message in its body or asked for (RFC 8484's application/dns-message,
 // and the older types resolvers still accept), the JSON form some
 // resolvers speak (application/dns-json, also asked for with ?ct=), a
-// "dns" query parameter (RFC 8484's GET form), or a "name" parameter
-// with a "type" (the JSON GET form). Every value of every header counts,
-// and ";" separates parameters as "&" does. Such a request resolves any
-// name past the gateway's DNS. It is a heuristic: a resolver that takes
-// other forms still needs its host kept out by the policy.
+// "dns" query parameter (RFC 8484's GET form), a "name" parameter with a
+// "type" or to a resolver's path (the JSON GET form, whose type defaults
+// to A), or anything sent to a path whose last segment is "dns-query"
+// (RFC 8484's conventional endpoint, whatever the media type). Every
+// value of every header counts, and ";" separates parameters as "&" does.
+// Such a request resolves any name past the gateway's DNS. It is a
+// heuristic: a resolver that takes other forms still needs its host kept
+// out by the policy.
 func IsDoH(r *http.Request) bool {
 	for _, key := range []string{"Content-Type", "Accept"} {
 		for _, h := range r.Header.Values(key) {
@@ -203,9 +215,22 @@ func IsDoH(r *http.Request) bool {
 			}
 		}
 	}
+	last := path.Base(path.Clean("/" + r.URL.Path))
+	if dohPaths[last] == dohQueryPath {
+		return true
+	}
 	q, _ := url.ParseQuery(strings.ReplaceAll(r.URL.RawQuery, ";", "&"))
-	return q.Has("dns") || dohTypes[q.Get("ct")] || (q.Has("name") && q.Has("type"))
+	return q.Has("dns") || dohTypes[q.Get("ct")] || (q.Has("name") && (q.Has("type") || dohPaths[last] != 0))
 }
+
+// dohPaths are the last path segments of resolvers' endpoints: where
+// anything is DNS, or where a "name" parameter alone is a question.
+var dohPaths = map[string]int{"dns-query": dohQueryPath, "resolve": dohNamePath, "dns-json": dohNamePath}
+
+const (
+	dohQueryPath = 1 + iota
+	dohNamePath
+)
 
 // dohTypes are the media types of DNS messages over HTTP.
 var dohTypes = map[string]bool{

@@ -93,7 +93,12 @@ func TestIsDoH(t *testing.T) {
 		{"a second Accept", req("GET", "/", http.Header{"Accept": {"*/*", "application/dns-message"}}), true},
 		{"; separates parameters", req("GET", "/q?a=1;dns=AAAB", nil), true},
 		{"case and parameters", req("POST", "/", http.Header{"Content-Type": {"Application/DNS-Message; charset=x"}}), true},
+		{"name alone, to a resolver's path", req("GET", "/resolve?name=example.com", nil), true},
+		{"name alone, to dns-query", req("GET", "/dns-query?name=example.com", nil), true},
+		{"octet-stream to dns-query", req("POST", "/dns-query", http.Header{"Content-Type": {"application/octet-stream"}}), true},
+		{"dns-query under a prefix", req("POST", "/tenant/a/dns-query/", nil), true},
 		{"an ordinary POST", req("POST", "/api", http.Header{"Content-Type": {"application/json"}}), false},
+		{"a resolve endpoint without a name", req("GET", "/resolve?id=3", nil), false},
 		{"a search for a name", req("GET", "/search?name=alice", nil), false},
 		{"a page about DNS", req("GET", "/docs/dns", http.Header{"Accept": {"text/html"}}), false},
 	} {

@@ -117,11 +117,11 @@ type Rules struct {
 const (
 	DefaultTable               = "egress"
 	DefaultDNSPacketsPerSecond = 2000
-	DefaultExemptUID = 1337
-	DefaultDNSPort   = 15053
-	DefaultHTTPPort  = 15001
-	DefaultTLSPort   = 15002
-	DefaultOtherPort = 15003
+	DefaultExemptUID           = 1337
+	DefaultDNSPort             = 15053
+	DefaultHTTPPort            = 15001
+	DefaultTLSPort             = 15002
+	DefaultOtherPort           = 15003
 )
 
 const (

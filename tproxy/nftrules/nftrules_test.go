@@ -31,7 +31,7 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files")
 
 var testGateway = GatewayRules{
-	Table:      "egress_test",
+	Table: "egress_test",
 	Links: []Link{
 		{Interface: "veth-agent1", Addrs: []netip.Addr{netip.MustParseAddr("198.18.64.10"), netip.MustParseAddr("fd00:64::10")}},
 		{Interface: "veth-agent2", Addrs: []netip.Addr{netip.MustParseAddr("198.18.65.10"), netip.MustParseAddr("fd00:64:1::10")}},

@@ -1,0 +1,69 @@
+package tproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
+)
+
+// TestH2CPriorKnowledge: plain HTTP/2 with prior knowledge (plain gRPC to
+// an in-cluster service) goes through the transparent path as HTTP/2,
+// each stream judged by its own :authority, with streaming bodies and
+// trailers intact.
+func TestH2CPriorKnowledge(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, nil)
+	ln := listenLoop(t, "127.0.0.2:0")
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Trailer", "Grpc-Status")
+		rw.Header().Set("Content-Type", "application/grpc")
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(rw, "%s %s %s", r.Proto, r.Host, b)
+		rw.Header().Set("Grpc-Status", "0")
+	})}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	upstream := netip.MustParseAddrPort(ln.Addr().String())
+
+	client := &http.Client{Transport: &http.Transport{
+		Protocols: func() *http.Protocols { p := new(http.Protocols); p.SetUnencryptedHTTP2(true); return p }(),
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			return w.tryDial(upstream)
+		},
+	}}
+	post := func(host string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s:%d/svc.Echo/Call", host, upstream.Port()), strings.NewReader("ping"))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/grpc")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	resp := post("api.test")
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "HTTP/2.0", resp.Proto, "the client's side")
+	assert.Equal(t, fmt.Sprintf("HTTP/2.0 api.test:%d ping", upstream.Port()), string(body), "the upstream's side")
+	assert.Equal(t, "0", resp.Trailer.Get("Grpc-Status"), "trailers")
+
+	resp = post("blocked.test") // another stream of the same connection
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, "a stream for a host the policy refuses")
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" })
+	assert.Equal(t, policy.ReasonNoRule, r.Reason, "record %+v", r)
+}
