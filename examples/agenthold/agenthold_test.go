@@ -361,6 +361,7 @@ func TestSandboxConfinement(t *testing.T) {
 		{"the operator's keyring", `grep -q agenthold-operator-token /proc/keys || echo blocked`},
 		{"the tunnel port", `timeout 3 bash -c 'exec 3<>/dev/tcp/` + alice.Gateway4 + `/15022; head -1 <&3' 2>/dev/null | grep -q tunnel-service || echo blocked`},
 		{"the list of namespaces in /etc/netns", `[ -z "$(ls -A /etc/netns 2>/dev/null)" ] && echo blocked`},
+		{"filling the disk from its home", `! head -c 100M /dev/zero > "$HOME/fill" 2>/dev/null && [ "$(stat -c %s "$HOME/fill")" -le $((64 << 20)) ] && rm -f "$HOME/fill" && echo blocked`},
 	}
 	var script strings.Builder
 	for _, p := range probes {

@@ -77,6 +77,9 @@ type SandboxConfig struct {
 	// without its own gets the next never given before, so that no agent
 	// inherits a deleted one's files or keys.
 	UIDBase uint32 `yaml:"uid_base"`
+	// HomeSizeMB bounds each agent's home, a tmpfs (memory the sandbox
+	// may fill, never the disk the vault and the log are on).
+	HomeSizeMB int `yaml:"home_size_mb"`
 }
 
 // Sandbox uids: the default first one, far above login users and the
@@ -85,6 +88,9 @@ type SandboxConfig struct {
 const (
 	defaultUIDBase = 2_000_000_000
 	minSandboxUID  = 1000
+	// defaultHomeSizeMB is each agent's home: room for a repository and
+	// its dependencies, not for a disk's worth.
+	defaultHomeSizeMB = 512
 )
 
 // masterKeyEnv is the environment variable that may hold the master key.
@@ -97,7 +103,7 @@ func defaultConfig() Config {
 			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000,
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
-		Sandbox: SandboxConfig{UIDBase: defaultUIDBase},
+		Sandbox: SandboxConfig{UIDBase: defaultUIDBase, HomeSizeMB: defaultHomeSizeMB},
 	}
 }
 
@@ -236,6 +242,9 @@ func (c *Config) validate() error {
 	}
 	if c.Sandbox.UIDBase < minSandboxUID || uint64(c.Sandbox.UIDBase) >= 1<<31 {
 		return fmt.Errorf("config: sandbox.uid_base must be in %d-%d, not %d", minSandboxUID, 1<<31-1, c.Sandbox.UIDBase)
+	}
+	if c.Sandbox.HomeSizeMB < 1 {
+		return fmt.Errorf("config: sandbox.home_size_mb must be positive, not %d", c.Sandbox.HomeSizeMB)
 	}
 	for i, r := range c.Egress.TokenRefresh {
 		if r.Host == "" || !strings.HasPrefix(r.Path, "/") || r.RefreshSecret == "" {

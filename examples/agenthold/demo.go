@@ -180,6 +180,8 @@ egress:
 network:
   pool4: 198.19.0.0/16
   pool6: fd00:a9::/48
+sandbox:
+  home_size_mb: 64
 `, data, w.internet.rootFile, filepath.Join(w.dir, "egress.jsonl"), gatewayUplink)
 	path := filepath.Join(w.dir, "agenthold.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -271,6 +273,12 @@ func (w *world) tearDown() {
 		if ns != nil {
 			ns.Delete()
 		}
+	}
+	// A server that did not stop in time leaves its agents' homes
+	// mounted.
+	homes, _ := filepath.Glob(filepath.Join(w.dir, "data", "homes", "*"))
+	for _, h := range homes {
+		unmountHome(h)
 	}
 	os.RemoveAll(w.dir)
 }

@@ -396,6 +396,9 @@ func (s *server) sandboxIDs(spec AgentSpec) (AgentSpec, error) {
 // /home/AGENT; it survives restarts and goes with the agent.
 func (s *server) homeDir(name string) string { return filepath.Join(s.cfg.DataDir, "homes", name) }
 
+// makeHome gives an agent its home: a tmpfs of sandbox.home_size_mb, so
+// that no sandbox can fill the disk that holds the vault and the log. It
+// lives while the server runs (a crashed server's is adopted as it is).
 func (s *server) makeHome(a *agent) error {
 	if err := os.MkdirAll(filepath.Join(s.cfg.DataDir, "homes"), 0o700); err != nil {
 		return err
@@ -404,7 +407,42 @@ func (s *server) makeHome(a *agent) error {
 	if err := os.Mkdir(home, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
 	}
+	if !isMountPoint(home) {
+		opts := fmt.Sprintf("size=%dm,mode=0700,uid=%d,gid=%d", s.cfg.Sandbox.HomeSizeMB, a.uid, a.gid)
+		if err := unix.Mount("tmpfs", home, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("mount the agent's home: %w", err)
+		}
+	}
 	return os.Lchown(home, int(a.uid), int(a.gid))
+}
+
+// dropHome unmounts an agent's home and removes what is left of it.
+func dropHome(home string) error {
+	if err := unmountHome(home); err != nil {
+		return err
+	}
+	return os.RemoveAll(home)
+}
+
+// unmountHome unmounts an agent's home, keeping the directory.
+func unmountHome(home string) error {
+	if !isMountPoint(home) {
+		return nil
+	}
+	if err := unix.Unmount(home, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", home, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether dir is the root of a mount: on another
+// device than its parent.
+func isMountPoint(dir string) bool {
+	var st, parent unix.Stat_t
+	if unix.Lstat(dir, &st) != nil || unix.Lstat(filepath.Dir(dir), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
 }
 
 // removeAgent tears an agent's network down and forgets it, its home and
@@ -433,7 +471,7 @@ func (s *server) removeAgent(name string) error {
 	for _, at := range s.vault.Attachments(name) {
 		s.vault.Detach(name, at.Secret)
 	}
-	if rmErr := os.RemoveAll(s.homeDir(name)); rmErr != nil && err == nil {
+	if rmErr := dropHome(s.homeDir(name)); rmErr != nil && err == nil {
 		err = rmErr
 	}
 	return err
@@ -572,6 +610,11 @@ func (s *server) stop(ctx context.Context) {
 	if s.agents != nil {
 		for _, a := range s.agents.list() {
 			unwire(a)
+			if !a.spec.Remote {
+				if err := unmountHome(s.homeDir(a.spec.Name)); err != nil {
+					s.log.Warn("agent home", "agent", a.spec.Name, "err", err)
+				}
+			}
 		}
 	}
 	if s.rules != nil {
