@@ -52,22 +52,31 @@ func (l *Log) writeSinks(r *Record) {
 	}
 }
 
-// Shutdown stops accepting records for the sinks, waits until the queued
-// ones are written or ctx is done, and flushes. The rings stay readable;
-// records added after Shutdown reach the rings but not the sinks.
+// Shutdown emits the summaries of refusals still pending, stops
+// accepting records for the sinks, waits until the queued ones are written
+// or ctx is done, and flushes. The rings stay readable; records added
+// after Shutdown reach the rings, one by one (refusals are no longer
+// folded), but not the sinks.
 func (l *Log) Shutdown(ctx context.Context) error {
 	l.init()
 	var err error
 	l.closeOnce.Do(func() {
-		l.closed.Store(true)
-		if l.sinkCh == nil {
-			return
-		}
 		// Writers check closed and send under pubMu, so once it is held no
 		// send is in flight and none will start.
 		l.pubMu.Lock()
-		close(l.sinkCh)
+		if l.foldTimer != nil {
+			l.foldTimer.Stop()
+			l.foldTimer = nil
+		}
+		l.emitFoldsLocked(0, true)
+		l.closed.Store(true)
+		if l.sinkCh != nil {
+			close(l.sinkCh)
+		}
 		l.pubMu.Unlock()
+		if l.sinkCh == nil {
+			return
+		}
 		select {
 		case <-l.sinkDone:
 		case <-ctx.Done():
@@ -77,8 +86,9 @@ func (l *Log) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Close stops accepting records for the sinks at once; those already
-// queued are still written, in the background. It is safe to call more
+// Close emits the summaries of refusals still pending and stops accepting
+// records for the sinks at once; those already queued are still written,
+// in the background. It is safe to call more
 // than once, and after Shutdown.
 func (l *Log) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -205,6 +215,9 @@ func (s SlogSink) WriteRecord(r *Record) error {
 	}
 	if r.Duration != 0 {
 		attrs = append(attrs, slog.Duration("duration", r.Duration.Round(time.Microsecond)))
+	}
+	if r.Count > 1 {
+		attrs = append(attrs, slog.Uint64(FieldCount, r.Count))
 	}
 	lg.LogAttrs(context.Background(), level, msg, attrs...)
 	return nil
