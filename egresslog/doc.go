@@ -2,18 +2,46 @@
 // query, connection and HTTP request that a sandbox makes, kept per agent
 // and handed to sinks.
 //
-// A [Log] keeps the newest N records of each agent (default 5000) in a
-// ring, lists and filters them, lets readers follow new ones, counts them
-// for metrics, and writes them to any number of sinks (JSON lines, log/slog)
-// from one background goroutine. Recording never waits: a follower that
-// falls behind loses records and is told how many, and a slow or failing
-// sink loses records and the Log counts them, so the proxy is never
-// blocked by its log. Connections that are still open are listed as open
-// ([Log.Begin]) and recorded with their byte counts when they close.
+// A [Log] keeps each agent's newest records in memory, lists and filters
+// them, lets readers follow new ones, counts them for metrics, and writes
+// them to any number of sinks (JSON lines, log/slog) from one background
+// goroutine. Recording never waits: a follower that falls behind loses
+// records and is told how many, and a slow or failing sink loses records
+// and the Log counts them, so the proxy is never blocked by its log.
+// Connections that are still open are listed as open ([Log.Begin]) and
+// recorded with their byte counts when they close.
+//
+// # One bounded pipeline
+//
+// Every record passes through one place, Log.add (unexported), whether it
+// comes from [Log.Record] or [Conn.End]; what leaves it is what the rings
+// keep, the followers get and the sinks write, alike. A hostile agent
+// cannot grow any of them without bound, nor push its own denials out of
+// sight:
+//
+//   - Rings. An agent's allowed records and its denied records (Allowed
+//     false, or Report: what [Filter] DeniedOnly selects) are kept in two
+//     rings: the newest Keep allowed and the newest KeepDenied denied
+//     (each DefaultKeep, 5000, when zero). Allowed traffic never evicts a
+//     denial. Rings grow as records arrive, so an idle agent costs little,
+//     and at most MaxAgents agents (DefaultMaxAgents, 4096) are held.
+//   - Summaries. At most DenialBurst refusals (Allowed false and not
+//     Report; DefaultDenialBurst, 10) of one agent, kind and reason are
+//     recorded one by one in a wall-clock second; the rest of that second
+//     are folded into one summary record with their Count, emitted when
+//     the second is over (by one timer per Log) or by Shutdown or Close.
+//     [Log.Stats] still count every refusal. An agent's distinct reasons
+//     in a second are bounded (32, then OtherReason per kind), so a
+//     flood of refusals costs an agent's denied ring a few records a
+//     second, not one per refusal.
+//   - Files. A [JSONFile] is rotated by size: at most Keep rotated files
+//     (DefaultKeepFiles, 3) of at most MaxBytes each (DefaultMaxFileBytes,
+//     100 MiB) besides the current one, so disk use is bounded by
+//     (Keep+1)×MaxBytes. [OpenJSONFile] uses these defaults.
 //
 // Typical use (ExampleLog runs it):
 //
-//	sink, _ := egresslog.OpenJSONFile("/var/log/egress.jsonl")
+//	sink, _ := egresslog.JSONFile{Path: "/var/log/egress.jsonl", MaxBytes: 64 << 20}.Open()
 //	l := &egresslog.Log{Keep: 5000, Sinks: []egresslog.Sink{sink}}
 //	defer l.Shutdown(ctx)
 //	l.Record(egresslog.Record{Agent: "a1", Kind: egresslog.KindTLS, Host: "api.github.com", Port: 443, Allowed: true, Reason: "allowed by rule"})
@@ -22,8 +50,9 @@
 // A record has no field that could carry a secret's value: Secret holds a
 // secret's name, and Path never keeps the query string, where a credential
 // placeholder may have been replaced. Strings are bounded (MaxHostLen and
-// friends) and memory is bounded by Keep records for each of at most
-// MaxAgents agents.
+// friends).
 //
-// egresslog imports only the standard library.
+// egresslog does not ship records anywhere but its sinks, does not rotate
+// files by age, and does not sign or chain what it writes; it imports
+// only the standard library.
 package egresslog

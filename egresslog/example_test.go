@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
@@ -44,4 +45,38 @@ func ExampleLog_Follow() {
 	// Output:
 	// open: 1
 	// followed: api.github.com 517 4096 closed | open: 0
+}
+
+// A file of records that cannot fill the disk: rotated when a line would
+// take it past MaxBytes, with Keep rotated files kept.
+func ExampleJSONFile() {
+	dir, err := os.MkdirTemp("", "egresslog")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "egress.jsonl")
+	sink, err := egresslog.JSONFile{Path: path, MaxBytes: 4 << 10, Keep: 2}.Open()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	l := &egresslog.Log{Sinks: []egresslog.Sink{sink}}
+	t := time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+	for range 200 {
+		l.Record(egresslog.Record{Time: t, Agent: "a1", Kind: egresslog.KindTLS, Host: "api.github.com", Port: 443, Allowed: true})
+	}
+	l.Shutdown(context.Background())
+	sink.Close()
+
+	names, _ := filepath.Glob(path + "*")
+	for _, name := range names {
+		fi, _ := os.Stat(name)
+		fmt.Println(filepath.Base(name), fi.Size() <= 4<<10)
+	}
+	// Output:
+	// egress.jsonl true
+	// egress.jsonl.1 true
+	// egress.jsonl.2 true
 }

@@ -10,22 +10,54 @@ import (
 
 // Defaults for a Log's zero fields.
 const (
-	DefaultKeep      = 5000 // records kept per agent (the seed's log_keep)
-	DefaultMaxAgents = 4096
-	DefaultSinkQueue = 8192
-	DefaultFollowBuf = 256
-	maxReasonKeys    = 64 // distinct denial reasons counted per agent
+	DefaultKeep        = 5000 // allowed records kept per agent (the seed's log_keep), and denied ones
+	DefaultDenialBurst = 10   // refusals recorded one by one per agent, kind and reason in a second
+	DefaultMaxAgents   = 4096
+	DefaultSinkQueue   = 8192
+	DefaultFollowBuf   = 256
+	maxReasonKeys      = 64 // distinct denial reasons counted per agent
+	maxFoldKeys        = 32 // distinct kinds and reasons of refusal tracked per agent in a second
+	maxFoldKinds       = 8  // catch-all keys (one per kind) tracked beyond maxFoldKeys
 )
 
-// Log keeps the newest records of each agent in a bounded ring, lets
+// OtherReason is the reason under which an agent's refusals are counted
+// (Stats) and summarised (Log.DenialBurst) beyond the bound on distinct
+// reasons: an agent can provoke any number of reasons.
+const OtherReason = "other"
+
+// Log keeps the newest records of each agent in bounded rings, lets
 // readers list and follow them, counts them, and hands each record to the
 // sinks. The zero Log is ready to use; set its fields before the first
 // record. Recording never blocks on a reader or a sink: a slow follower
 // loses records and is told how many, a slow or failing sink loses records
 // and the Log counts them.
+//
+// Every record passes through one bounding step before it is kept,
+// followed or written (see the package doc): an agent's allowed and
+// denied records are kept in separate rings, so that allowed traffic
+// never evicts a denial, and refusals beyond DenialBurst a second are
+// folded into one summary record.
 type Log struct {
-	// Keep is the number of records kept per agent; zero means DefaultKeep.
+	// Keep is the number of allowed records kept per agent; zero means
+	// DefaultKeep. Denied records are kept apart (KeepDenied).
 	Keep int
+	// KeepDenied is the number of denied records (Allowed false, or
+	// Report) kept per agent, apart from the allowed ones so that allowed
+	// traffic cannot evict them; zero means DefaultKeep.
+	KeepDenied int
+	// DenialBurst is the number of refusals (Allowed false and not Report)
+	// of one agent, kind and reason recorded one by one in a wall-clock
+	// second; the rest of that second are folded into one summary record
+	// emitted when the second is over (by a timer), or by Shutdown. A
+	// summary has the agent, kind and reason, Allowed false, Count (how
+	// many refusals it stands for, at least 2), Time the start of the
+	// second, and Host the first folded refusal's; a single folded refusal
+	// is emitted as it was. Stats count every refusal. Beyond 32 distinct
+	// reasons of an agent in a second, its refusals fold under OtherReason
+	// (per kind, for 8 kinds; then all kinds together). Zero means
+	// DefaultDenialBurst; report-mode and allowed records are never
+	// folded.
+	DenialBurst int
 	// MaxAgents bounds the number of agents held; when a new agent would
 	// exceed it, the agent written least recently is dropped. Zero means
 	// DefaultMaxAgents.
@@ -41,6 +73,8 @@ type Log struct {
 	// of them, and must not hide the ones an operator watches.
 	CountedReasons []string
 
+	clock clock // nil means the real one; set by tests
+
 	initOnce sync.Once
 	counted  map[string]bool
 	seq      atomic.Uint64
@@ -49,8 +83,11 @@ type Log struct {
 	mu     sync.RWMutex // guards agents
 	agents map[string]*agentLog
 
-	pubMu     sync.Mutex // guards followers, orders publication
+	pubMu     sync.Mutex // guards followers, folding and foldTimer; orders publication
 	followers map[*Follower]struct{}
+	folding   map[*agentLog]struct{} // agents with refusals tracked (agentLog.folds)
+	foldTimer stopper                // emits the summaries of a second once it is over
+	due       []Record               // summaries being emitted, reused
 
 	sinkCh      chan Record
 	sinkPending atomic.Int64 // queued or being written
@@ -63,14 +100,16 @@ type Log struct {
 	closed      atomic.Bool
 }
 
-// agentLog is one agent's ring, open connections and counters.
+// agentLog is one agent's rings, open connections and counters.
 type agentLog struct {
+	name      string
 	mu        sync.Mutex
-	ring      []Record // grows to keep, then wraps
-	next      int      // where the next record goes once the ring is full
+	allowed   ring // allowed records
+	denied    ring // denied and report-mode records, summaries of refusals
 	open      map[uint64]Record
 	stats     Stats
-	lastWrite atomic.Int64 // unix nanoseconds, for eviction
+	folds     map[foldKey]fold // refusals in the current second; nil when none
+	lastWrite atomic.Int64     // unix nanoseconds, for eviction
 }
 
 func (l *Log) init() {
@@ -81,6 +120,7 @@ func (l *Log) init() {
 			l.counted[r] = true
 		}
 		l.followers = map[*Follower]struct{}{}
+		l.folding = map[*agentLog]struct{}{}
 		if len(l.Sinks) > 0 {
 			n := l.SinkQueue
 			if n <= 0 {
@@ -98,6 +138,27 @@ func (l *Log) keep() int {
 		return l.Keep
 	}
 	return DefaultKeep
+}
+
+func (l *Log) keepDenied() int {
+	if l.KeepDenied > 0 {
+		return l.KeepDenied
+	}
+	return DefaultKeep
+}
+
+func (l *Log) denialBurst() int {
+	if l.DenialBurst > 0 {
+		return l.DenialBurst
+	}
+	return DefaultDenialBurst
+}
+
+func (l *Log) clk() clock {
+	if l.clock != nil {
+		return l.clock
+	}
+	return realClock{}
 }
 
 func (l *Log) maxAgents() int {
@@ -131,55 +192,102 @@ func (l *Log) agent(name string) *agentLog {
 		}
 		delete(l.agents, oldest)
 	}
-	a = &agentLog{open: map[uint64]Record{}, stats: Stats{DeniedByReason: map[string]uint64{}}}
+	a = &agentLog{name: name, open: map[uint64]Record{}, stats: Stats{DeniedByReason: map[string]uint64{}}}
 	l.agents[name] = a
 	return a
 }
 
-// Record adds a finished record: to its agent's ring, to the counters, to
-// matching followers and to the sinks. A zero Time means now. Strings are
-// bounded and the query string is dropped from Path.
+// Record adds a finished record: to its agent's rings, to the counters,
+// to matching followers and to the sinks, unless it is a refusal beyond
+// DenialBurst, which is counted and folded into a summary. A zero Time
+// means now. Strings are bounded and the query string is dropped from
+// Path.
 func (l *Log) Record(r Record) {
 	l.init()
 	if r.Time.IsZero() {
-		r.Time = time.Now()
+		r.Time = l.clk().Now()
 	}
 	r.sanitize()
 	r.Open = false
+	r.Count = 0
 	l.add(r)
 }
 
+// add is the one place every record passes (Record and Conn.End): it
+// counts the record, folds refusals beyond the agent's burst, and keeps,
+// follows and queues for the sinks what remains.
 func (l *Log) add(r Record) {
 	a := l.agent(r.Agent)
 	a.lastWrite.Store(r.Time.UnixNano())
-	keep := l.keep()
 	// pubMu orders sequence numbers, follower deliveries and the sink
 	// queue alike, and, taken in Close, orders any send before the queue
 	// closes.
 	l.pubMu.Lock()
 	defer l.pubMu.Unlock()
-	r.Seq = l.seq.Add(1)
 	a.mu.Lock()
-	if len(a.ring) < keep {
-		a.ring = append(a.ring, r)
-	} else {
-		if len(a.ring) > keep { // Keep was lowered
-			a.ring = slices.Clone(a.ring[len(a.ring)-keep:])
-			a.next = 0
-		}
-		a.ring[a.next] = r
-		a.next = (a.next + 1) % keep
-	}
 	a.stats.add(&r, l.counted)
+	var due Record // the summary of an earlier second, if one is due now
+	hasDue := false
+	if r.refused() && !l.closed.Load() {
+		now := l.clk().Now()
+		sec := now.Unix()
+		k := a.foldKey(&r)
+		f, ok := a.folds[k]
+		if !ok || f.sec != sec {
+			if ok && f.count > 0 {
+				due, hasDue = f.summary(a.name, k), true
+				l.keepLocked(a, &due)
+			}
+			if a.folds == nil {
+				a.folds = make(map[foldKey]fold)
+				l.folding[a] = struct{}{}
+				l.armLocked(now)
+			}
+			f = fold{sec: sec}
+		}
+		f.n++
+		if f.n > l.denialBurst() {
+			if f.count++; f.count == 1 {
+				f.first = r
+			}
+			a.folds[k] = f
+			a.mu.Unlock()
+			if hasDue {
+				l.publishLocked(&due)
+			}
+			return
+		}
+		a.folds[k] = f
+	}
+	l.keepLocked(a, &r)
 	a.mu.Unlock()
+	if hasDue {
+		l.publishLocked(&due)
+	}
+	l.publishLocked(&r)
+}
 
+// keepLocked numbers a record and keeps it in its agent's ring. pubMu and
+// a.mu are held.
+func (l *Log) keepLocked(a *agentLog, r *Record) {
+	r.Seq = l.seq.Add(1)
+	if r.denied() {
+		a.denied.push(r, l.keepDenied())
+	} else {
+		a.allowed.push(r, l.keep())
+	}
+}
+
+// publishLocked hands a kept record to the followers and the sinks. pubMu
+// is held.
+func (l *Log) publishLocked(r *Record) {
 	for f := range l.followers {
-		f.offer(&r)
+		f.offer(r)
 	}
 	if l.sinkCh != nil && !l.closed.Load() {
 		l.sinkPending.Add(1)
 		select {
-		case l.sinkCh <- r:
+		case l.sinkCh <- *r:
 		default:
 			l.sinkPending.Add(-1)
 			l.sinkDropped.Add(1)
@@ -201,7 +309,7 @@ type Conn struct {
 func (l *Log) Begin(r Record) *Conn {
 	l.init()
 	if r.Time.IsZero() {
-		r.Time = time.Now()
+		r.Time = l.clk().Now()
 	}
 	r.sanitize()
 	r.Open = true
@@ -227,10 +335,11 @@ func (c *Conn) End(r Record) {
 		c.a.mu.Unlock()
 		r.Time, r.ConnID = c.start, c.id
 		if r.Duration == 0 {
-			r.Duration = time.Since(c.start)
+			r.Duration = c.l.clk().Now().Sub(c.start)
 		}
 		r.sanitize()
 		r.Open = false
+		r.Count = 0
 		c.l.add(r)
 	})
 }
@@ -284,23 +393,17 @@ func (f *Filter) Match(r *Record) bool {
 }
 
 // List returns the newest records that match f, at most limit of them
-// (zero means all that are kept), oldest first.
+// (zero means all that are kept), oldest first: an agent's allowed and
+// denied records merged in Seq order.
 func (l *Log) List(f Filter, limit int) []Record {
 	l.init()
 	var out []Record
 	for _, a := range l.agentsFor(f.Agent) {
 		a.mu.Lock()
-		n := len(a.ring)
-		start := 0
-		if n == l.keep() {
-			start = a.next
+		if !f.DeniedOnly {
+			out = a.allowed.appendMatching(out, &f)
 		}
-		for i := 0; i < n; i++ {
-			r := &a.ring[(start+i)%n]
-			if f.Match(r) {
-				out = append(out, *r)
-			}
-		}
+		out = a.denied.appendMatching(out, &f)
 		a.mu.Unlock()
 	}
 	slices.SortFunc(out, func(x, y Record) int {
@@ -330,7 +433,9 @@ func (l *Log) Agents() []string {
 	return out
 }
 
-// Forget drops an agent's records, open connections and counters.
+// Forget drops an agent's records, open connections and counters. A
+// summary of its refusals still pending is emitted to the followers and
+// sinks when its second is over.
 func (l *Log) Forget(agent string) {
 	l.init()
 	l.mu.Lock()

@@ -23,22 +23,29 @@ func rec(agent string, i int) Record {
 	return Record{Agent: agent, Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Port: 443, Allowed: i%3 != 0, Reason: "r"}
 }
 
+// allowedRec is rec, always allowed: allowed records share one ring.
+func allowedRec(agent string, i int) Record {
+	r := rec(agent, i)
+	r.Allowed = true
+	return r
+}
+
 func TestRingEvictsAtExactlyN(t *testing.T) {
 	l := &Log{Keep: 10}
 	for i := 0; i < 10; i++ {
-		l.Record(rec("a", i))
+		l.Record(allowedRec("a", i))
 	}
 	got := l.List(Filter{Agent: "a"}, 0)
 	require.Len(t, got, 10, "after N records: kept")
 	assert.Equal(t, "h0.example", got[0].Host, "after N records: first")
 	assert.Equal(t, "h9.example", got[9].Host, "after N records: last")
-	l.Record(rec("a", 10))
+	l.Record(allowedRec("a", 10))
 	got = l.List(Filter{Agent: "a"}, 0)
 	require.Len(t, got, 10, "after N+1 records: kept")
 	assert.Equal(t, "h1.example", got[0].Host, "after N+1 records: first")
 	assert.Equal(t, "h10.example", got[9].Host, "after N+1 records: last")
 	for i := 11; i < 35; i++ {
-		l.Record(rec("a", i))
+		l.Record(allowedRec("a", i))
 	}
 	got = l.List(Filter{Agent: "a"}, 3)
 	require.Len(t, got, 3, "newest 3 after wrapping")
@@ -52,9 +59,16 @@ func TestRingEvictsAtExactlyN(t *testing.T) {
 func TestDefaultKeep(t *testing.T) {
 	var l Log // the zero Log works
 	for i := 0; i < DefaultKeep+5; i++ {
-		l.Record(rec("a", i))
+		l.Record(allowedRec("a", i))
 	}
-	assert.Equal(t, DefaultKeep, len(l.List(Filter{}, 0)), "records kept by the zero Log")
+	assert.Equal(t, DefaultKeep, len(l.List(Filter{}, 0)), "allowed records kept by the zero Log")
+	for i := 0; i < DefaultKeep+5; i++ {
+		r := allowedRec("a", i)
+		r.Report = true // denied in the log's sense, and never folded
+		l.Record(r)
+	}
+	assert.Equal(t, DefaultKeep, len(l.List(Filter{DeniedOnly: true}, 0)), "denied records kept by the zero Log")
+	assert.Equal(t, 2*DefaultKeep, len(l.List(Filter{}, 0)), "records kept by the zero Log")
 }
 
 func TestListFilters(t *testing.T) {
@@ -154,7 +168,7 @@ func TestStats(t *testing.T) {
 func TestConcurrentWritersAndFollowers(t *testing.T) {
 	const writers, perWriter, followers = 8, 500, 4
 	var sinkBuf safeBuffer
-	l := &Log{Keep: 100, Sinks: []Sink{NewJSONSink(&sinkBuf)}, SinkQueue: writers * perWriter}
+	l := &Log{Keep: 100, Sinks: []Sink{NewJSONSink(&sinkBuf)}, SinkQueue: writers * perWriter, DenialBurst: writers * perWriter}
 	ctx := t.Context()
 	var fs []*Follower
 	for i := 0; i < followers; i++ {
@@ -235,7 +249,7 @@ func (failingSink) Flush() error              { return errors.New("disk full") }
 // counted.
 func TestSinksNeverBlock(t *testing.T) {
 	bw := blockingWriter{release: make(chan struct{})}
-	l := &Log{Keep: 1000, SinkQueue: 4, Sinks: []Sink{failingSink{}, &JSONSink{w: bufio.NewWriterSize(bw, 16)}}}
+	l := &Log{Keep: 1000, DenialBurst: 1000, SinkQueue: 4, Sinks: []Sink{failingSink{}, &JSONSink{w: bufio.NewWriterSize(bw, 16)}}}
 	done := make(chan struct{})
 	go func() {
 		for i := 0; i < 1000; i++ {
@@ -291,8 +305,9 @@ func TestSlogSink(t *testing.T) {
 	l.Record(Record{Agent: "a", Kind: KindTLS, Host: "evil.example", Port: 443, Reason: "no rule"})
 	l.Record(Record{Agent: "a", Kind: KindHTTP, Host: "ok.example", Port: 443, Allowed: true, Secret: "gh", Status: 200})
 	require.NoError(t, l.Shutdown(context.Background()))
+	require.NoError(t, SlogSink{Logger: slog.New(slog.NewTextHandler(&buf, nil))}.WriteRecord(&Record{Agent: "a", Kind: KindDNS, Reason: "quota", Count: 42}))
 	out := buf.String()
-	for _, want := range []string{`level=WARN msg="egress denied"`, "host=evil.example", `reason="no rule"`, `level=INFO msg="egress allowed"`, "secret=gh", "status=200"} {
+	for _, want := range []string{`level=WARN msg="egress denied"`, "host=evil.example", `reason="no rule"`, `level=INFO msg="egress allowed"`, "secret=gh", "status=200", "count=42"} {
 		assert.Contains(t, out, want, "slog output lacks %q", want)
 	}
 }

@@ -58,6 +58,11 @@ type Record struct {
 	// are then part of that connection's, and counted there only. Zero
 	// means none.
 	ConnID uint64
+	// Count is how many refusals a summary stands for: the refusals of
+	// one agent, kind and reason in one second beyond Log.DenialBurst,
+	// folded into this one record. Zero on every other record; only the
+	// Log sets it (Record and Conn.End ignore a caller's).
+	Count uint64
 }
 
 // JSON field names of a record, one object per line. The form is stable:
@@ -86,6 +91,7 @@ const (
 	FieldDuration  = "duration_ms" // float milliseconds
 	FieldOpen      = "open"
 	FieldConnID    = "conn"
+	FieldCount     = "count" // refusals a summary stands for; omitted when 0 or 1
 )
 
 // Bounds on the strings a record keeps; longer ones are cut at a UTF-8
@@ -193,6 +199,10 @@ func (r *Record) AppendJSON(b []byte) []byte {
 		b = append(b, `,"`+FieldConnID+`":`...)
 		b = strconv.AppendUint(b, r.ConnID, 10)
 	}
+	if r.Count > 1 {
+		b = append(b, `,"`+FieldCount+`":`...)
+		b = strconv.AppendUint(b, r.Count, 10)
+	}
 	return append(b, '}')
 }
 
@@ -293,6 +303,7 @@ type jsonRecord struct {
 	Duration  *float64 `json:"duration_ms"`
 	Open      bool     `json:"open"`
 	ConnID    uint64   `json:"conn"`
+	Count     uint64   `json:"count"`
 }
 
 // ParseJSON parses one record in the form AppendJSON writes. A record
@@ -314,6 +325,7 @@ func ParseJSON(line []byte) (Record, error) {
 		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
 		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret,
 		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Open: j.Open, ConnID: j.ConnID,
+		Count: j.Count,
 	}
 	if j.Addr != "" {
 		if r.Addr, err = netip.ParseAddrPort(j.Addr); err != nil {

@@ -44,6 +44,10 @@ var goldenRecords = map[string]Record{
 		Host: "api.github.com", Port: 443, Addr: netip.MustParseAddrPort("140.82.112.6:443"), Target: "140.82.112.5:443",
 		Allowed: true, Reason: "allowed by rule", Rule: "*.github.com", ConnID: 7,
 	},
+	"refusals_summary": {
+		Seq: 6, Time: time.Date(2026, 11, 29, 8, 0, 5, 0, time.UTC), Agent: "agent-1", Kind: KindDNS,
+		Host: "q0.flood.example", Reason: "quota exceeded: dns queries", Count: 49990,
+	},
 }
 
 // TestGoldenJSON pins the JSON form: fields, names and escaping. Run with
@@ -65,6 +69,16 @@ func TestGoldenJSON(t *testing.T) {
 			assert.Equal(t, r, back, "round trip")
 		})
 	}
+}
+
+// TestCountOmitted: a count of 0 or 1 is no count at all.
+func TestCountOmitted(t *testing.T) {
+	for _, n := range []uint64{0, 1} {
+		r := Record{Time: time.Unix(0, 0), Count: n}
+		assert.NotContains(t, string(r.AppendJSON(nil)), FieldCount)
+	}
+	r := Record{Time: time.Unix(0, 0), Count: 2}
+	assert.Contains(t, string(r.AppendJSON(nil)), `"count":2`)
 }
 
 func TestParseJSONRefusesMissingAllowed(t *testing.T) {

@@ -3,11 +3,9 @@ package egresslog
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"time"
 )
@@ -54,22 +52,31 @@ func (l *Log) writeSinks(r *Record) {
 	}
 }
 
-// Shutdown stops accepting records for the sinks, waits until the queued
-// ones are written or ctx is done, and flushes. The rings stay readable;
-// records added after Shutdown reach the rings but not the sinks.
+// Shutdown emits the summaries of refusals still pending, stops
+// accepting records for the sinks, waits until the queued ones are written
+// or ctx is done, and flushes. The rings stay readable; records added
+// after Shutdown reach the rings, one by one (refusals are no longer
+// folded), but not the sinks.
 func (l *Log) Shutdown(ctx context.Context) error {
 	l.init()
 	var err error
 	l.closeOnce.Do(func() {
-		l.closed.Store(true)
-		if l.sinkCh == nil {
-			return
-		}
 		// Writers check closed and send under pubMu, so once it is held no
 		// send is in flight and none will start.
 		l.pubMu.Lock()
-		close(l.sinkCh)
+		if l.foldTimer != nil {
+			l.foldTimer.Stop()
+			l.foldTimer = nil
+		}
+		l.emitFoldsLocked(0, true)
+		l.closed.Store(true)
+		if l.sinkCh != nil {
+			close(l.sinkCh)
+		}
 		l.pubMu.Unlock()
+		if l.sinkCh == nil {
+			return
+		}
 		select {
 		case <-l.sinkDone:
 		case <-ctx.Done():
@@ -79,8 +86,9 @@ func (l *Log) Shutdown(ctx context.Context) error {
 	return err
 }
 
-// Close stops accepting records for the sinks at once; those already
-// queued are still written, in the background. It is safe to call more
+// Close emits the summaries of refusals still pending and stops accepting
+// records for the sinks at once; those already queued are still written,
+// in the background. It is safe to call more
 // than once, and after Shutdown.
 func (l *Log) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -113,29 +121,18 @@ func (l *Log) Flush(ctx context.Context) error {
 }
 
 // JSONSink writes one JSON object per line (the form of Record.AppendJSON)
-// to W, buffered and flushed when the Log's queue runs empty.
+// to a writer or to a rotated file (JSONFile), buffered and written out
+// when the Log's queue runs empty. A line is written whole.
 type JSONSink struct {
-	mu  sync.Mutex
-	w   *bufio.Writer
-	buf []byte
-	c   io.Closer
+	mu   sync.Mutex
+	w    *bufio.Writer // the writer of NewJSONSink
+	file *segmentFile  // or the file of JSONFile.Open
+	buf  []byte
 }
 
 // NewJSONSink returns a sink writing JSON lines to w.
 func NewJSONSink(w io.Writer) *JSONSink {
 	return &JSONSink{w: bufio.NewWriterSize(w, 64<<10)}
-}
-
-// OpenJSONFile opens (creating with mode 0600, appending) a file of JSON
-// lines that the sink owns; Close closes it.
-func OpenJSONFile(path string) (*JSONSink, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("egresslog: open %s: %w", path, err)
-	}
-	s := NewJSONSink(f)
-	s.c = f
-	return s, nil
 }
 
 // WriteRecord implements Sink.
@@ -144,6 +141,9 @@ func (s *JSONSink) WriteRecord(r *Record) error {
 	defer s.mu.Unlock()
 	s.buf = r.AppendJSON(s.buf[:0])
 	s.buf = append(s.buf, '\n')
+	if s.file != nil {
+		return s.file.writeLine(s.buf)
+	}
 	_, err := s.w.Write(s.buf)
 	return err
 }
@@ -152,16 +152,20 @@ func (s *JSONSink) WriteRecord(r *Record) error {
 func (s *JSONSink) Flush() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.file != nil {
+		return s.file.flush()
+	}
 	return s.w.Flush()
 }
 
 // Close flushes, and closes the file if the sink opened it.
 func (s *JSONSink) Close() error {
-	err := s.Flush()
-	if s.c != nil {
-		err = errors.Join(err, s.c.Close())
+	if s.file == nil {
+		return s.Flush()
 	}
-	return err
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.file.close()
 }
 
 // SlogSink writes each record as one log/slog line at Info (allowed) or
@@ -211,6 +215,9 @@ func (s SlogSink) WriteRecord(r *Record) error {
 	}
 	if r.Duration != 0 {
 		attrs = append(attrs, slog.Duration("duration", r.Duration.Round(time.Microsecond)))
+	}
+	if r.Count > 1 {
+		attrs = append(attrs, slog.Uint64(FieldCount, r.Count))
 	}
 	lg.LogAttrs(context.Background(), level, msg, attrs...)
 	return nil

@@ -3,11 +3,13 @@ package egresslog
 import "maps"
 
 // Stats are an agent's counters since it was first recorded, for a
-// metrics exporter.
+// metrics exporter. They count every record exactly, the refusals folded
+// into a summary (Log.DenialBurst) included; a summary itself is not
+// counted again.
 type Stats struct {
 	Records        uint64            // records of every kind
 	Denied         uint64            // denied records (report-mode ones included)
-	DeniedByReason map[string]uint64 // denials by reason; at most 64 reasons besides Log.CountedReasons, the rest under "other"
+	DeniedByReason map[string]uint64 // denials by reason; at most 64 reasons besides Log.CountedReasons, the rest under OtherReason
 	Injected       uint64            // requests that carried an injected secret
 	BytesUp        uint64            // agent towards destinations
 	BytesDown      uint64            // destinations back to the agent
@@ -19,7 +21,7 @@ func (s *Stats) add(r *Record, counted map[string]bool) {
 		s.Denied++
 		reason := r.Reason
 		if _, ok := s.DeniedByReason[reason]; !ok && !counted[reason] && s.uncounted(counted) >= maxReasonKeys {
-			reason = "other"
+			reason = OtherReason
 		}
 		s.DeniedByReason[reason]++
 	}

@@ -198,6 +198,7 @@ func TestRefusedBodiesGiveTheirBufferBack(t *testing.T) {
 			return aws.Credentials{AccessKeyID: att.Placeholder, SecretAccessKey: att.Placeholder}, nil
 		})}
 	stsc := sts.NewFromConfig(cfg, func(o *sts.Options) { o.HTTPClient = r.client(r.serveIntercepted(stsHost), true) })
+	r.log.DenialBurst = 3 * vault.MaxBufferedBodiesPerAgent // every refusal recorded on its own, none folded into a summary
 	for i := range 3 * vault.MaxBufferedBodiesPerAgent {
 		_, err := stsc.GetSessionToken(context.Background(), &sts.GetSessionTokenInput{})
 		require.Error(t, err, "attempt %d", i)

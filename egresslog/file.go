@@ -1,0 +1,194 @@
+package egresslog
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+)
+
+// Defaults for a JSONFile's zero fields.
+const (
+	DefaultMaxFileBytes = 100 << 20 // size at which a file of records is rotated
+	DefaultKeepFiles    = 3         // rotated files kept
+)
+
+// fileBuf is how many bytes of whole lines a file sink holds before it
+// writes them, besides writing when the Log's queue runs empty.
+const fileBuf = 64 << 10
+
+// JSONFile is a file of JSON lines (the form of Record.AppendJSON),
+// rotated by size so that a flood of records cannot fill the disk. When a
+// line would take the file past MaxBytes, Path is renamed Path.1, Path.1
+// Path.2, and so on, Path.Keep being replaced (the oldest is removed), and
+// a new Path is created with mode 0600. Lines are written whole, each in
+// one file: none is split by a rotation. An existing Path is appended to,
+// and its size counts.
+//
+// Disk use is bounded by (Keep+1)×MaxBytes: a line longer than MaxBytes
+// (records are bounded to a few KiB) has a file to itself, and a Path
+// already larger than MaxBytes when opened is rotated whole, before the
+// first line. Rotated files beyond Keep left by an earlier configuration
+// are left alone.
+type JSONFile struct {
+	Path string
+	// MaxBytes is the size a file may reach before it is rotated; zero
+	// means DefaultMaxFileBytes.
+	MaxBytes int64
+	// Keep is the number of rotated files kept, Path.1 (the newest) to
+	// Path.Keep; zero means DefaultKeepFiles.
+	Keep int
+}
+
+// Open opens the file, creating it with mode 0600 or appending to it, and
+// returns a sink that owns it: the sink's Close closes it.
+func (c JSONFile) Open() (*JSONSink, error) {
+	sf := &segmentFile{path: c.Path, maxBytes: c.MaxBytes, keep: c.Keep}
+	if sf.maxBytes <= 0 {
+		sf.maxBytes = DefaultMaxFileBytes
+	}
+	if sf.keep <= 0 {
+		sf.keep = DefaultKeepFiles
+	}
+	if err := sf.open(); err != nil {
+		return nil, err
+	}
+	return &JSONSink{file: sf}, nil
+}
+
+// OpenJSONFile opens a file of JSON lines with JSONFile's defaults: it is
+// rotated at DefaultMaxFileBytes, keeping DefaultKeepFiles rotated files.
+// (It used to grow without bound.) The sink owns the file; Close closes
+// it.
+func OpenJSONFile(path string) (*JSONSink, error) {
+	return JSONFile{Path: path}.Open()
+}
+
+// segmentFile writes whole lines to a file in segments: the current one
+// at path, the finished ones renamed path.1 (the newest) to path.keep.
+// Whether the current segment is finished is decided in one place (full)
+// and a segment ends in one place (closeSegment, called by rotate), so
+// that rotation by age, or a trailer that closes each segment, belongs
+// there. Its caller (JSONSink) serialises calls.
+type segmentFile struct {
+	path     string
+	maxBytes int64
+	keep     int
+
+	f       *os.File // the current segment; nil after a failed rotation, until reopened
+	written int64    // bytes in f
+	buf     []byte   // whole lines not yet written to f
+	closed  bool
+}
+
+// open opens (or creates) the current segment, counting what it holds.
+func (s *segmentFile) open() error {
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
+	}
+	s.f, s.written = f, fi.Size()
+	return nil
+}
+
+// writeLine adds one line, which ends in a newline, to the current
+// segment, rotating first if it would not fit.
+func (s *segmentFile) writeLine(line []byte) error {
+	if s.closed {
+		return fmt.Errorf("egresslog: write %s: %w", s.path, fs.ErrClosed)
+	}
+	if s.f == nil {
+		if err := s.open(); err != nil {
+			return err
+		}
+	}
+	var err error
+	if s.full(len(line)) {
+		if err = s.rotate(); s.f == nil {
+			return err // the line is dropped: the files stay bounded
+		}
+	}
+	if len(s.buf)+len(line) > fileBuf {
+		if ferr := s.flush(); ferr != nil {
+			return errors.Join(err, ferr)
+		}
+	}
+	s.buf = append(s.buf, line...)
+	return err
+}
+
+// full reports whether the current segment is finished before a line of
+// n bytes: it holds lines, and the line would take it past maxBytes.
+func (s *segmentFile) full(n int) bool {
+	size := s.written + int64(len(s.buf))
+	return size > 0 && size+int64(n) > s.maxBytes
+}
+
+// flush writes the buffered lines. If the file takes only some of their
+// bytes, it is cut back to its last whole line and the lines are dropped,
+// so that no line is ever split.
+func (s *segmentFile) flush() error {
+	if len(s.buf) == 0 || s.f == nil {
+		return nil
+	}
+	n, err := s.f.Write(s.buf)
+	s.buf = s.buf[:0]
+	if err == nil {
+		s.written += int64(n)
+		return nil
+	}
+	err = fmt.Errorf("egresslog: write %s: %w", s.path, err)
+	if n > 0 {
+		if terr := s.f.Truncate(s.written); terr != nil {
+			// A part of a line stays: end the segment with it.
+			s.written = s.maxBytes
+			err = errors.Join(err, fmt.Errorf("egresslog: truncate %s: %w", s.path, terr))
+		}
+	}
+	return err
+}
+
+// closeSegment writes out and closes the current segment.
+func (s *segmentFile) closeSegment() error {
+	if s.f == nil {
+		return nil
+	}
+	err := s.flush()
+	if cerr := s.f.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("egresslog: close %s: %w", s.path, cerr))
+	}
+	s.f = nil
+	return err
+}
+
+// rotate ends the current segment and starts the next: path.keep-1
+// replaces path.keep, …, path becomes path.1, and a new path is created.
+func (s *segmentFile) rotate() error {
+	err := s.closeSegment()
+	for i := s.keep; i > 0; i-- {
+		if rerr := os.Rename(s.name(i-1), s.name(i)); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			return errors.Join(err, fmt.Errorf("egresslog: rotate %s: %w", s.path, rerr))
+		}
+	}
+	return errors.Join(err, s.open())
+}
+
+// name is the path of the i-th rotated file; 0 is the current one.
+func (s *segmentFile) name(i int) string {
+	if i == 0 {
+		return s.path
+	}
+	return s.path + "." + strconv.Itoa(i)
+}
+
+// close writes out and closes the file; later writes fail.
+func (s *segmentFile) close() error {
+	s.closed = true
+	return s.closeSegment()
+}
