@@ -15,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/dnsfilter"
+	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/netns"
 )
 
@@ -42,6 +43,8 @@ type EgressConfig struct {
 	DNSTunnelling  string          `yaml:"dns_tunnelling"`
 	LogKeep        int             `yaml:"log_keep"`
 	LogFile        string          `yaml:"log_file"`
+	LogFileMaxMB   int             `yaml:"log_file_max_mb"`
+	LogFileKeep    int             `yaml:"log_file_keep"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
 	RemoteListen   string          `yaml:"remote_listen"`
 	RemoteTLS      bool            `yaml:"remote_tls"`
@@ -101,6 +104,7 @@ func defaultConfig() Config {
 		DataDir: "/var/lib/agenthold",
 		Egress: EgressConfig{
 			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000,
+			LogFileMaxMB: egresslog.DefaultMaxFileBytes >> 20, LogFileKeep: egresslog.DefaultKeepFiles,
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
 		Sandbox: SandboxConfig{UIDBase: defaultUIDBase, HomeSizeMB: defaultHomeSizeMB},
@@ -211,6 +215,9 @@ func (c *Config) validate() error {
 	}
 	if t := c.Egress.DNSTunnelling; t != "record" && t != "refuse" {
 		return fmt.Errorf("config: egress.dns_tunnelling must be record or refuse, not %q", t)
+	}
+	if c.Egress.LogFileMaxMB <= 0 || c.Egress.LogFileKeep <= 0 {
+		return fmt.Errorf("config: egress.log_file_max_mb and egress.log_file_keep must be positive, not %d and %d", c.Egress.LogFileMaxMB, c.Egress.LogFileKeep)
 	}
 	if c.Egress.LogKeep <= 0 {
 		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)

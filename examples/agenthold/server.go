@@ -96,9 +96,9 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	if err := s.openGuard(); err != nil {
 		return s, err
 	}
-	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep, CountedReasons: countedReasons()}
+	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep, KeepDenied: cfg.Egress.LogKeep, CountedReasons: countedReasons()}
 	if cfg.Egress.LogFile != "" {
-		sink, err := egresslog.OpenJSONFile(cfg.Egress.LogFile)
+		sink, err := egresslog.JSONFile{Path: cfg.Egress.LogFile, MaxBytes: int64(cfg.Egress.LogFileMaxMB) << 20, Keep: cfg.Egress.LogFileKeep}.Open()
 		if err != nil {
 			return s, fmt.Errorf("egress.log_file: %w", err)
 		}

@@ -34,7 +34,7 @@ Usage:
   sidecar rules [--exempt-uid 1337] [--dns 15053] [--http 15001] [--tls 15002] [--other 15003]
   sidecar serve --policy FILE [--credentials FILE] [--dns-upstream ADDR] [--public PREFIX]...
                 [--exempt-uid 1337] [--dns 15053] [--http 15001] [--tls 15002] [--other 15003] [--health 15004]
-                [--log FILE] [--upstream-roots FILE] [--dns-tunnelling record|refuse]
+                [--log FILE [--log-max-mb 100] [--log-files 3]] [--upstream-roots FILE] [--dns-tunnelling record|refuse]
   sidecar install-ca --bundle OUT [--base /etc/ssl/certs/ca-certificates.crt]
                 [--from http://127.0.0.1:15004/ca.pem] [--exempt-uid 1337]
   sidecar suggest --log FILE [--policy CURRENT] [--collapse N]

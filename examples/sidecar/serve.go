@@ -109,7 +109,9 @@ func cmdServe(args []string) error {
 	policyPath := fs.String("policy", "", "the policy file (required)")
 	credPath := fs.String("credentials", "", "the credentials file on the sidecar's tmpfs")
 	upstream := fs.String("dns-upstream", "", "DNS upstream host:port (default: /etc/resolv.conf)")
-	logPath := fs.String("log", "", "also write records as JSON lines to this file")
+	logPath := fs.String("log", "", "also write records as JSON lines to this file, rotated by size")
+	logMaxMB := fs.Int("log-max-mb", egresslog.DefaultMaxFileBytes>>20, "rotate --log at this many MiB")
+	logFiles := fs.Int("log-files", egresslog.DefaultKeepFiles, "rotated --log files kept (FILE.1 to FILE.N)")
 	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
 	tunnelling := fs.String("dns-tunnelling", "record", "lookups that look like DNS tunnelling: record, or refuse")
 	var public []netip.Prefix
@@ -135,7 +137,8 @@ func cmdServe(args []string) error {
 		return err
 	}
 	tunnel := dnsfilter.TunnelDetection{Refuse: *tunnelling == "refuse"}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, *logPath, public, roots, tunnel, logger)
+	logFile := egresslog.JSONFile{Path: *logPath, MaxBytes: int64(*logMaxMB) << 20, Keep: *logFiles}
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, public, roots, tunnel, logger)
 	if err != nil {
 		return err
 	}
@@ -184,7 +187,7 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, logPath string, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, logger *slog.Logger) (sc *sidecar, err error) {
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, logger *slog.Logger) (sc *sidecar, err error) {
 	sc = &sidecar{credPath: credPath, accepted: map[uint16]*atomic.Int64{}, servers: serving.New(ctx)}
 	defer func() {
 		if err != nil {
@@ -215,8 +218,8 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream, 
 		guard.SetOwn(own)
 	}
 	sc.log = &egresslog.Log{}
-	if logPath != "" {
-		if sc.sink, err = egresslog.OpenJSONFile(logPath); err != nil {
+	if logFile.Path != "" {
+		if sc.sink, err = logFile.Open(); err != nil {
 			return sc, err
 		}
 		sc.log.Sinks = []egresslog.Sink{sc.sink, egresslog.SlogSink{Logger: logger}}
