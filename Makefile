@@ -28,13 +28,13 @@ build:
 demo: deps build
 	./$(BIN) demo
 
-# Every test: the unit and kernel tests; the noisy-neighbour load test,
+# Every test: the unit and kernel tests; the noisy-neighbour and spoofed-flood load tests,
 # without the race detector, whose figures it reports; the Kubernetes
 # manifests against the API types (a module of its own); then the
 # end-to-end check against a dev stack.
 test: deps
 	$(GO) test -race -count=1 -timeout 30m ./...
-	$(GO) test -count=1 -timeout 5m -run '^TestNoisyNeighbour$$' -v ./examples/agenthold
+	$(GO) test -count=1 -timeout 5m -run '^(TestNoisyNeighbour|TestSpoofedDNSFlood)$$' -v ./examples/agenthold
 	cd examples/deploycheck && $(GO) test -count=1 ./...
 	$(MAKE) e2e
 

@@ -84,7 +84,7 @@ func init() {
 				"It is not a container: the host's filesystem is readable as file permissions allow. Production sandboxes\n" +
 				"are containers that join the agent's namespace (agent create --netns)."},
 		{name: "log", synopsis: "[--agent A] [--kind K] [--denied] [--since DURATION] [--limit N] [--follow] [--json]", run: cmdLog,
-			help: "Print the request log (per agent, the newest egress.log_keep allowed records and 5000 denied ones, kept in memory)."},
+			help: "Print the request log (per agent, the newest egress.log_keep allowed records and as many denied ones, kept in memory)."},
 		{name: "metrics", synopsis: "", run: cmdMetrics,
 			help: "Print the Prometheus counters."},
 		{name: "ca", synopsis: "", run: cmdCA,

@@ -31,10 +31,13 @@ import (
 // needs no privilege), at 20,000 packets a second (four times the flood
 // that stopped every agent's DNS before the links were pinned; the
 // sender shares this machine's two cores with the gateway, so it is
-// paced rather than let run flat out). The gateway drops them before
-// any socket sees them: alice's DNS keeps its latency during the flood
+// paced rather than let run flat out); meanwhile it floods from its own
+// address with names its policy refuses, past its DNS quota. The gateway
+// drops the spoofed packets before any socket sees them and folds the
+// refusals into summaries: alice's DNS keeps its latency during the flood
 // and right after it, the gateway's memory and the request log do not
-// grow with the flood, and the drops are counted.
+// grow with the flood, the drops are counted, and the denial bob made
+// before the flood (an exfiltration attempt) is still listed.
 func TestSpoofedDNSFlood(t *testing.T) {
 	w := requireWorld(t)
 	data := filepath.Join(w.dir, "data")
@@ -43,6 +46,9 @@ func TestSpoofedDNSFlood(t *testing.T) {
 	bobAddr := netip.MustParseAddr(w.agentInfo(t, "bob").Sandbox6)
 	logPath := filepath.Join(w.dir, "egress.jsonl")
 
+	rcode, err := exchangeIn(bob, "evil.example.org.")
+	require.NoError(t, err)
+	require.Equal(t, dns.RcodeNameError, rcode, "bob's policy refuses evil.example.org")
 	idle := alice.dnsFor(t, 4*time.Second)
 	gw := &gatewayUsage{pid: w.server.Process.Pid}
 	rss0 := gw.statusKB("VmRSS") << 10
@@ -55,6 +61,8 @@ func TestSpoofedDNSFlood(t *testing.T) {
 	for i := range 2 {
 		flood.Go(func() { spoofDNS(ctx, bob, bobAddr, i, 10_000, &sent) })
 	}
+	var refused atomic.Int64
+	flood.Go(func() { refusedDNS(ctx, bob, 2_000, &refused) })
 	during := alice.dnsFor(t, 9*time.Second)
 	flood.Wait()
 	after := alice.dnsFor(t, 3*time.Second)
@@ -62,7 +70,7 @@ func TestSpoofedDNSFlood(t *testing.T) {
 	log1 := fileSize(logPath)
 
 	p99 := func(l []time.Duration) time.Duration { return percentile(l, 99) }
-	t.Logf("bob sent %d packets from addresses not its own in 10 s", sent.Load())
+	t.Logf("bob sent %d packets from addresses not its own in 10 s, and %d queries for refused names from its own", sent.Load(), refused.Load())
 	t.Logf("alice's DNS p50/p99: idle %s/%s, during %s/%s, after %s/%s (%d, %d, %d queries)",
 		ms(percentile(idle, 50)), ms(p99(idle)), ms(percentile(during, 50)), ms(p99(during)),
 		ms(percentile(after, 50)), ms(p99(after)), len(idle), len(during), len(after))
@@ -85,6 +93,38 @@ func TestSpoofedDNSFlood(t *testing.T) {
 		}
 	}
 	assert.Greater(t, spoofed, sent.Load()/2, "spoofed packets counted (of %d sent)", sent.Load())
+
+	var denied strings.Builder
+	require.NoError(t, w.cli(&denied, "log", "--agent", "bob", "--denied", "--json", "--limit", "0"))
+	assert.Contains(t, denied.String(), `"host":"evil.example.org"`, "bob's denial from before the flood is no longer listed")
+}
+
+// refusedDNS asks, from inside ns's own address, names its policy refuses
+// (under a zone nobody allows), at rate queries a second until ctx ends.
+func refusedDNS(ctx context.Context, ns *netns.NS, rate int, sent *atomic.Int64) {
+	c, err := dialIn(ns, "udp", internetDNS+":53")
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	const tick = 10 * time.Millisecond
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	m := new(dns.Msg)
+	for i := 0; ctx.Err() == nil; {
+		for range rate * int(tick) / int(time.Second) {
+			m.SetQuestion(fmt.Sprintf("r%d.refused.example.", i), dns.TypeA)
+			packet, _ := m.Pack()
+			if _, err := c.Write(packet); err == nil {
+				sent.Add(1)
+			}
+			i++
+		}
+		select {
+		case <-ctx.Done():
+		case <-ticker.C:
+		}
+	}
 }
 
 // dnsFor makes the victim's DNS lookups for d, one after another, and
