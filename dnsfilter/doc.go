@@ -5,14 +5,24 @@
 // A name the agent's policy does not allow gets NXDOMAIN at once and is
 // never forwarded, so long random labels and TXT queries for denied names
 // carry nothing out; under a deny-all policy every lookup still gets its
-// NXDOMAIN quickly instead of hanging. An unknown source gets REFUSED. An
-// allowed name is forwarded to the upstream resolvers (by default those of
-// /etc/resolv.conf) over UDP, again over TCP when the answer is truncated,
-// with a fresh ID, only the EDNS0 buffer size and DO bit of the client's
-// options, and the answer's question checked. The answer is then filtered
-// for the agent: every name in a CNAME chain must be allowed, address
-// records (and SVCB/HTTPS address hints) that netguard would refuse for
-// this agent are removed, and records outside the chain are dropped.
+// NXDOMAIN quickly instead of hanging. An allowed name is forwarded to the
+// upstream resolvers (by default those of /etc/resolv.conf) over UDP,
+// again over TCP when the answer is truncated, with a fresh ID, only the
+// EDNS0 buffer size and DO bit of the client's options, and the answer's
+// question checked. The answer is then filtered for the agent: every name
+// in a CNAME chain must be allowed, address records (and SVCB/HTTPS
+// address hints) that netguard would refuse for this agent are removed,
+// and records outside the chain are dropped.
+//
+// Who may ask is decided at one door: every UDP query passes one read
+// loop, which names the agent behind its source before anything else
+// (TCP queries, the handler's first step). A query from a source no agent
+// owns is dropped unanswered and counted ([Server.Counters]), never
+// recorded, so that spoofed sources can neither fill the log nor aim
+// answers anywhere. The loop bounds the queries each agent has in hand
+// and never waits for room in the socket to answer: a reply it cannot
+// send at once is dropped and counted. Names are put in canonical form
+// (internal/hostname) as they come in, and recorded and remembered so.
 //
 // Every address the agent is given is remembered as address → name for
 // the record's TTL, bounded below and above ([Server.Names]): tproxy judges
