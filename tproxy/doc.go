@@ -27,7 +27,20 @@
 //
 // ServeExplicit serves the same decisions to clients that honour
 // HTTPS_PROXY: CONNECT tunnels (whose contents are judged again, like a
-// transparent connection) and absolute-form plain HTTP.
+// transparent connection) and absolute-form plain HTTP. A CONNECT is
+// answered 200 only with its upstream connection in hand.
+//
+// What is allowed is decided in one place per kind of traffic, always by
+// the agent's policy of the moment: a connection by its name (decide),
+// TCP that names nothing by judgeRaw, which looks up every name the agent
+// resolved to the address whatever the mode (so a deny entry with a port
+// wins under "*" and open mode); every plain HTTP request, transparent,
+// explicit or h2c stream, by its own Host; every request inside an
+// intercepted connection by the Interceptor, through a policy.Current.
+// A connection on a port where no destination could be allowed is
+// refused before its client speaks. When an agent's policy changes,
+// Proxy.Rejudge ends the spliced connections it now refuses; CloseAgent
+// ends all of an agent's connections.
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.
