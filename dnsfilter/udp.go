@@ -73,10 +73,11 @@ type udpServer struct {
 	sender   *sender      // nil when pc is not a UDP socket
 	handlers sync.WaitGroup
 	closed   atomic.Bool
+	stopped  chan struct{} // closed when the read loop has returned
 }
 
 func newUDPServer(s *Server, pc net.PacketConn) *udpServer {
-	u := &udpServer{s: s, pc: pc}
+	u := &udpServer{s: s, pc: pc, stopped: make(chan struct{})}
 	if udp, ok := pc.(*net.UDPConn); ok {
 		u.udp = udp
 		// Where each query was sent, so that the answer comes from there
@@ -93,6 +94,7 @@ func newUDPServer(s *Server, pc net.PacketConn) *udpServer {
 
 // run reads queries until the connection is closed.
 func (u *udpServer) run(started func()) error {
+	defer close(u.stopped)
 	started()
 	for {
 		p := packets.Get().(*packet)
@@ -222,11 +224,18 @@ func (u *udpServer) refuseBusy(p *packet, agent string) {
 }
 
 // shutdown stops reading and waits for the handlers until ctx is done.
+// It is called only on a server whose read loop has started.
 func (u *udpServer) shutdown(ctx context.Context) error {
 	u.closed.Store(true)
 	err := u.pc.Close()
 	done := make(chan struct{})
-	go func() { u.handlers.Wait(); close(done) }()
+	go func() {
+		// The loop adds handlers: it has returned before they are
+		// waited for.
+		<-u.stopped
+		u.handlers.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 		return err

@@ -292,11 +292,13 @@ func (d *Dialer) resolve(ctx context.Context, network, host string) ([]netip.Add
 	}
 	// net.Resolver answers IPv4 as IPv4-mapped IPv6: unmapped, each
 	// address has its own family (for Happy Eyeballs) and its usual
-	// spelling (in errors and records).
+	// spelling (in errors and records). The answer is copied: a
+	// resolver may hand the same cached slice to every caller.
+	out := make([]netip.Addr, len(addrs))
 	for i, a := range addrs {
-		addrs[i] = a.Unmap()
+		out[i] = a.Unmap()
 	}
-	return addrs, nil
+	return out, nil
 }
 
 // LocalPrefixes lists the addresses of this host's interfaces, as single
