@@ -123,6 +123,10 @@ func runSandboxed(info ExecInfo, argv []string) error {
 		specW.Close()
 		return fmt.Errorf("enter the sandbox's network namespace: %w", err)
 	}
+	if err := enterServerMounts(info); err != nil {
+		specW.Close()
+		return err
+	}
 	self, err := os.Executable()
 	if err != nil {
 		specW.Close()
@@ -184,6 +188,41 @@ func openNetNS(info ExecInfo) (*os.File, error) {
 		f.Close()
 	}
 	return nil, fmt.Errorf("the network namespace %s of agent %s is not reachable from here: the server mounted it in a mount namespace this command cannot see; run exec in the server's mount namespace, or start the server with `nsenter --net=...` rather than `ip netns exec`", info.NetNSPath, info.Agent)
+}
+
+// enterServerMounts moves the calling (locked) thread into the server's
+// mount namespace when the server has one of its own (started under `ip
+// netns exec`, say): the sandbox is built from the server's view of the
+// files, where the agent's home, a tmpfs the server mounted, is.
+func enterServerMounts(info ExecInfo) error {
+	if info.ServerPID <= 0 {
+		return nil
+	}
+	theirs := fmt.Sprintf("/proc/%d/ns/mnt", info.ServerPID)
+	var mine, server unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/mnt", &mine); err != nil {
+		return fmt.Errorf("this command's mount namespace: %w", err)
+	}
+	if err := unix.Stat(theirs, &server); err != nil {
+		return fmt.Errorf("the server's mount namespace: %w", err)
+	}
+	if mine.Dev == server.Dev && mine.Ino == server.Ino {
+		return nil
+	}
+	fd, err := unix.Open(theirs, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the server's mount namespace: %w", err)
+	}
+	defer unix.Close(fd)
+	// A thread shares its root and working directory with the others
+	// until it unshares them; only then may it change mount namespace.
+	if err := unix.Unshare(unix.CLONE_FS); err != nil {
+		return fmt.Errorf("a filesystem context of its own: %w", err)
+	}
+	if err := unix.Setns(fd, unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("enter the server's mount namespace: %w", err)
+	}
+	return nil
 }
 
 // forwardSignals passes the signals a user sends to stop a command on to
