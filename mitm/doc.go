@@ -14,14 +14,25 @@
 //
 // Responses stream as they arrive (server-sent events, chunked bodies,
 // large downloads in bounded memory); WebSocket upgrades pass through.
-// The response of every exchange that could carry a secret (its rule
-// names the host) is redacted through a Redactor (vault): headers, body,
-// trailers and the server's WebSocket frames come back with placeholders
-// where they echo a value, in every encoding a server would use; bytes
+//
+// What the sandbox may see of a secret is decided in one place: in an
+// exchange that could carry one (its rule names the host), everything
+// the sandbox is sent, by the upstream, a Hook or an error page, passes
+// one redacting writer (redactingWriter, redact.go) with the Replacer the
+// Redactor gives: 1xx and final headers, the body as it streams, HTTP/1.1
+// and HTTP/2 trailers (announced or not, as gRPC's), with placeholders
+// where they echo a value in every encoding a server would use (see
+// SecretForms); fields that would reveal a length or digest
+// (Content-Length, Content-Range, Digest...) are dropped, on HEAD too.
+// An upgrade leaves HTTP: its response head is redacted before it is
+// written and the server's WebSocket frames pass a frame redactor. Bytes
 // are held back only while they could begin a value, so streams keep
-// their pace. Such requests ask for the identity encoding (gzip and
-// deflate answers are decoded; any other encoding is refused) and offer
-// no WebSocket compression.
+// their pace. Such requests ask for the identity encoding and no range
+// (gzip and deflate answers are decoded; any other encoding is refused)
+// and offer no WebSocket compression. vault.Vault is a Redactor; an
+// adopter's own Injector comes with a Redactor built with NewReplacer
+// and SecretForms, or NoRedaction said on purpose: an Interceptor with
+// an Injector and neither refuses every connection (ErrNoRedactor).
 // Upstream connections are pooled. A request for another host than the
 // TLS server name (HTTP/2 coalescing, a forged Host) is checked against
 // the policy on its own, and the Injector fills it only by that host's

@@ -23,7 +23,6 @@ import (
 	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
-	"github.com/agenthold/egress/internal/redact"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -232,6 +231,11 @@ type connInfoKey struct{}
 // judged by the agent's policy as current returns it then.
 func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string, current policy.Current, host string, port uint16) error {
 	i.init()
+	if _, err := i.redactor(); err != nil {
+		conn.Close()
+		i.logger().Error("interception refused", "agent", agent, "host", host, "err", err)
+		return err
+	}
 	tlsConn := tls.Server(conn, &tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.leafFor(agent, host) },
 		NextProtos:     []string{"h2", "http/1.1"},
@@ -352,9 +356,9 @@ type reqState struct {
 	secrets     []string
 	injectErr   error
 	upstreamErr string
-	refused     bool             // netguard refused the upstream address
-	redact      *redact.Replacer // nil: nothing to redact
-	wsSub       *redact.Replacer // a WebSocket's client messages' substitutions, or nil
+	refused     bool      // netguard refused the upstream address
+	redact      *Replacer // nil: nothing to redact
+	wsSub       *Replacer // a WebSocket's client messages' substitutions, or nil
 }
 
 type reqStateKey struct{}
@@ -415,14 +419,16 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(cw, "egress: "+ReasonRedactFailed, http.StatusBadGateway)
 		return
 	}
-	var hookW http.ResponseWriter = cw
-	if red != nil && len(i.Hooks) > 0 {
+	// Past this point everything the sandbox is sent, from a hook, the
+	// upstream or an error page, goes through the one redacting writer.
+	var out http.ResponseWriter = cw
+	if red != nil {
 		rw := newRedactingWriter(cw, red)
 		defer rw.finish()
-		hookW = rw
+		out = rw
 	}
 	for _, h := range i.Hooks {
-		if h(hookW, r, info.agent) {
+		if h(out, r, info.agent) {
 			rec.Reason = ReasonAnswered
 			return
 		}
@@ -431,17 +437,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if ws, ok := i.Injector.(WebSocketSubstituter); ok && red != nil && httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "websocket") {
 		if st.wsSub, err = ws.WebSocketSubstitution(info.agent, canon); err != nil {
 			rec.Allowed, rec.Reason = false, ReasonInjectFailed
-			http.Error(cw, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
+			http.Error(out, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
 			return
 		}
 	}
 	body := httpmeter.CountBody(r)
-	var out http.ResponseWriter = cw
-	if red != nil {
-		bw := newBufferedWriter(cw, red)
-		defer bw.finish()
-		out = bw
-	}
 	notes := new(egresslog.Notes)
 	i.proxy.ServeHTTP(out, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), reqStateKey{}, st), notes)))
 	defer func() { rec.Reason = notes.Annotate(rec.Reason) }() // after the record's other changes, before it is recorded
@@ -470,10 +470,13 @@ func (i *Interceptor) rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Host = net.JoinHostPort(st.host, strconv.Itoa(int(st.info.port)))
 	pr.Out.Host = pr.In.Host
 	if st.redact != nil {
-		// A body the gateway can read, and a WebSocket without
-		// compression: what cannot be read cannot be redacted.
+		// A whole body the gateway can read, and a WebSocket without
+		// compression: what cannot be read cannot be redacted, and a
+		// range of a redacted body would not line up with it.
 		pr.Out.Header.Set("Accept-Encoding", "identity")
 		pr.Out.Header.Del("Sec-WebSocket-Extensions")
+		pr.Out.Header.Del("Range")
+		pr.Out.Header.Del("If-Range")
 	}
 	// Last, for an injector that signs the request (AWS SigV4).
 	if i.Injector != nil {
@@ -481,27 +484,40 @@ func (i *Interceptor) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// modifyResponse redacts the response of an exchange that could carry a
-// secret.
+// modifyResponse readies the response of an exchange that could carry a
+// secret for the redacting writer.
 func (i *Interceptor) modifyResponse(resp *http.Response) error {
 	st := stateOf(resp.Request.Context())
 	if st.redact == nil {
 		return nil
 	}
-	if err := redactResponse(resp, st.redact, st.wsSub); err != nil {
+	if err := prepareResponse(resp, st.redact, st.wsSub); err != nil {
 		return fmt.Errorf("%w: %v", errRedactFailed, err)
 	}
 	return nil
 }
 
-// redactorFor is the redactor of an agent's exchange with host, or nil.
-func (i *Interceptor) redactorFor(agent, host string) (*redact.Replacer, error) {
-	r := i.Redactor
-	if r == nil {
-		r, _ = i.Injector.(Redactor)
+// redactor is the Interceptor's Redactor: its own, else its Injector's;
+// ErrNoRedactor when it has an Injector and neither, and nil when it
+// injects nothing.
+func (i *Interceptor) redactor() (Redactor, error) {
+	if i.Redactor != nil {
+		return i.Redactor, nil
 	}
+	if r, ok := i.Injector.(Redactor); ok {
+		return r, nil
+	}
+	if i.Injector != nil {
+		return nil, ErrNoRedactor
+	}
+	return nil, nil
+}
+
+// redactorFor is the replacer of an agent's exchange with host, or nil.
+func (i *Interceptor) redactorFor(agent, host string) (*Replacer, error) {
+	r, err := i.redactor()
 	if r == nil {
-		return nil, nil
+		return nil, err
 	}
 	return r.Redactor(agent, host)
 }
@@ -549,10 +565,10 @@ func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err 
 		http.Error(w, "egress: "+err.Error(), http.StatusBadGateway)
 		return
 	}
+	// An error may quote what the upstream sent back, which may echo the
+	// request: w redacts what the sandbox sees, and the record too.
 	f := httpfwd.Describe(err)
 	if st.redact != nil {
-		// An error may quote what the upstream sent back, which may echo
-		// the request: the secret injected into it.
 		f.Why = st.redact.String(f.Why)
 	}
 	st.upstreamErr, st.refused = f.Why, f.Refused

@@ -3,6 +3,7 @@ package mitm
 import (
 	"compress/gzip"
 	"compress/zlib"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,27 +13,67 @@ import (
 	"github.com/agenthold/egress/internal/redact"
 )
 
+// Replacer finds the values of secrets and puts placeholders in their
+// place, in strings and in streams. It is immutable and safe for
+// concurrent use; build one with [NewReplacer].
+type Replacer = redact.Replacer
+
+// Replacement is one string to find (a secret's value, in one form) and
+// what the sandbox sees instead (its placeholder, in the same form).
+type Replacement = redact.Pair
+
+// NewReplacer compiles the replacements; an empty Find, or one equal to
+// its Replace, is dropped.
+func NewReplacer(rs ...Replacement) *Replacer { return redact.New(rs) }
+
+// SecretForms lists the replacements of value by placeholder in every
+// form an echo could take: raw, JSON-escaped, URL-encoded (query and
+// path), hex and base64 at each alignment. A custom [Redactor] builds
+// its Replacer from these.
+func SecretForms(value, placeholder string) []Replacement { return redact.Forms(value, placeholder) }
+
 // Redactor gives, for an exchange of an agent with host, the replacer
 // that puts the agent's placeholders back wherever the response echoes
 // the value of a secret that could have been sent there; vault.Vault
 // implements it. Nil means nothing to redact; an error means the response
 // must not reach the sandbox.
 type Redactor interface {
-	Redactor(agent, host string) (*redact.Replacer, error)
+	Redactor(agent, host string) (*Replacer, error)
 }
 
-// Responses to a request that carried a secret are redacted: the headers
-// and trailers, the body as it streams (held back only where a value may
-// begin), and the frames of a WebSocket from the server. The request asks
-// for the identity encoding, since a compressed body hides what it holds;
-// a server that compresses anyway has gzip and deflate decoded here, and
-// any other encoding refused.
+// NoRedaction is the Redactor of an Interceptor whose Injector sends
+// nothing an echo could betray (a constant header, say): it says so
+// explicitly, since an Interceptor with an Injector and no Redactor
+// refuses every connection.
+var NoRedaction Redactor = noRedaction{}
 
-// redactResponse redacts what the upstream answered; the error refuses
-// the response.
-func redactResponse(resp *http.Response, red, wsSub *redact.Replacer) error {
-	redactHeader(resp.Header, red)
+type noRedaction struct{}
+
+func (noRedaction) Redactor(string, string) (*Replacer, error) { return nil, nil }
+
+// ErrNoRedactor refuses the connections of an Interceptor with an
+// Injector that cannot redact and no Redactor.
+var ErrNoRedactor = errors.New("mitm: an Injector without a Redactor: echoes of its secrets would reach the sandbox (set Interceptor.Redactor, or NoRedaction)")
+
+// One writer stands between the upstream and the sandbox in an exchange
+// that could carry a secret: redactingWriter. What the reverse proxy,
+// a hook or an error page writes reaches the sandbox only through it:
+// the status line's headers, 1xx headers, the body as it streams (held
+// back only where a value may begin), the trailers (HTTP/1.1 chunked and
+// HTTP/2, announced or not), and the fields that would reveal a length
+// are dropped. The one exit from HTTP, a protocol upgrade, has its
+// response head redacted in modifyResponse and its frames from the
+// server by a frame redactor (websocket.go), since the reverse proxy
+// writes both on the hijacked connection. The request asks for the
+// identity encoding and no range, since a compressed or partial body
+// hides what it holds; a server that compresses anyway has gzip and
+// deflate decoded here, and any other encoding refused.
+
+// prepareResponse readies for redaction what the upstream answered; the
+// error refuses the response.
+func prepareResponse(resp *http.Response, red, wsSub *Replacer) error {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
+		redactHeader(resp.Header, red)
 		rwc, ok := resp.Body.(io.ReadWriteCloser)
 		if !ok {
 			return fmt.Errorf("upgraded connection is not readable and writable")
@@ -40,20 +81,17 @@ func redactResponse(resp *http.Response, red, wsSub *redact.Replacer) error {
 		resp.Body = newFrameRedactor(rwc, red, wsSub)
 		return nil
 	}
-	if resp.Request.Method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
-		return nil
-	}
 	body, err := decoded(resp)
 	if err != nil {
 		return err
 	}
-	// A value and its placeholder differ in length, so the length is
-	// known only at the end: the body goes out chunked. (ContentLength
-	// stays: ReverseProxy reads it to choose when to flush, and a body of
-	// known length need not be flushed write by write.)
-	resp.Header.Del("Content-Length")
-	resp.Body = &redactedBody{r: red.Reader(body), c: resp.Body, trailer: resp.Trailer, red: red}
+	resp.Body = readCloser{body, resp.Body}
 	return nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // decoded is the response's body in the identity encoding.
@@ -98,7 +136,7 @@ func decoded(resp *http.Response) (io.Reader, error) {
 	}
 }
 
-func redactHeader(h http.Header, red *redact.Replacer) {
+func redactHeader(h http.Header, red *Replacer) {
 	for k, vals := range h {
 		for i, v := range vals {
 			h[k][i] = red.String(v)
@@ -106,144 +144,144 @@ func redactHeader(h http.Header, red *redact.Replacer) {
 	}
 }
 
-// redactedBody is a response body read through the redactor; at its end
-// the trailers, which arrive after the body, are redacted too.
-type redactedBody struct {
-	r       io.Reader
-	c       io.Closer
-	trailer http.Header
-	red     *redact.Replacer
-	done    bool
-}
+// unseenFields would tell the sandbox the length (or a digest) of a
+// body whose secrets were replaced: dropped wherever redaction applies.
+var unseenFields = []string{"Content-Length", "Content-Range", "Content-Md5", "Digest", "Content-Digest", "Repr-Digest"}
 
-func (b *redactedBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	if err == io.EOF && !b.done {
-		b.done = true
-		redactHeader(b.trailer, b.red)
-	}
-	return n, err
-}
-
-func (b *redactedBody) Close() error { return b.c.Close() }
-
-// redactingWriter is a ResponseWriter whose headers and body are
-// redacted: for responses made at the gateway (hooks).
+// redactingWriter is the one writer between the upstream (or a hook)
+// and the sandbox of an exchange that could carry a secret. Its handler
+// writes headers into a map of its own, which reaches the sandbox only
+// redacted; the body is redacted as it streams and gathered into larger
+// writes (a chunk per 16 KiB TLS record from upstream would cost a small
+// TLS record and a system call each); Flush, which the reverse proxy
+// calls for streams, writes at once, so streams keep their pace.
 type redactingWriter struct {
-	http.ResponseWriter
-	s       *redact.Stream
-	red     *redact.Replacer
-	wrote   bool
-	scratch []byte
+	w     http.ResponseWriter // the sandbox's
+	h     http.Header
+	red   *Replacer
+	s     *redact.Stream
+	wrote bool
+	buf   []byte
 }
 
-func newRedactingWriter(w http.ResponseWriter, red *redact.Replacer) *redactingWriter {
-	return &redactingWriter{ResponseWriter: w, s: red.Stream(), red: red}
+var errFinished = errors.New("mitm: write after the response was finished")
+
+// writeBuffers are redactingWriter's buffers, reused across requests.
+var writeBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+func newRedactingWriter(w http.ResponseWriter, red *Replacer) *redactingWriter {
+	return &redactingWriter{w: w, h: make(http.Header), red: red, s: red.Stream(), buf: (*writeBuffers.Get().(*[]byte))[:0]}
 }
 
+func (w *redactingWriter) Header() http.Header { return w.h }
+
+// WriteHeader sends the headers as they stand, redacted: for an
+// informational response (103 Early Hints, say) as for the final one.
 func (w *redactingWriter) WriteHeader(code int) {
-	if !w.wrote {
-		w.wrote = true
-		redactHeader(w.Header(), w.red)
-		w.Header().Del("Content-Length")
+	if w.wrote {
+		return
 	}
-	w.ResponseWriter.WriteHeader(code)
+	out := w.w.Header()
+	clear(out)
+	for k, vals := range w.h {
+		out[k] = w.redactAll(vals)
+	}
+	for _, k := range unseenFields {
+		out.Del(k)
+	}
+	if code >= http.StatusOK {
+		w.wrote = true
+	}
+	w.w.WriteHeader(code)
+}
+
+func (w *redactingWriter) redactAll(vals []string) []string {
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		out[i] = w.red.String(v)
+	}
+	return out
 }
 
 func (w *redactingWriter) Write(b []byte) (int, error) {
 	if !w.wrote {
 		w.WriteHeader(http.StatusOK)
 	}
-	w.scratch = w.s.Feed(w.scratch[:0], b)
-	if _, err := w.ResponseWriter.Write(w.scratch); err != nil {
-		return 0, err
+	if w.buf == nil {
+		return 0, errFinished
+	}
+	w.buf = w.s.Feed(w.buf, b)
+	if len(w.buf) >= cap(w.buf)/2 {
+		if err := w.writeOut(); err != nil {
+			return 0, err
+		}
 	}
 	return len(b), nil
 }
 
-// finish writes what the stream held back.
-func (w *redactingWriter) finish() {
+func (w *redactingWriter) writeOut() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	_, err := w.w.Write(w.buf)
+	w.buf = w.buf[:0]
+	return err
+}
+
+// Flush writes what is certain (a possible start of a value stays held)
+// and flushes the connection.
+func (w *redactingWriter) Flush() {
+	w.FlushError()
+}
+
+// FlushError is Flush, with the error.
+func (w *redactingWriter) FlushError() error {
 	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	if err := w.writeOut(); err != nil {
+		return err
+	}
+	return http.NewResponseController(w.w).Flush()
+}
+
+// finish writes what the stream held back and the trailers, redacted,
+// and gives the buffer back, once the handler is done. (When it aborted
+// the response, what finish writes is dropped with the connection or
+// stream; what the stream held is redacted as it stands in any case.)
+func (w *redactingWriter) finish() {
+	if w.buf == nil {
 		return
 	}
-	if rest := w.s.Flush(nil); len(rest) > 0 {
-		w.ResponseWriter.Write(rest)
+	if w.wrote {
+		w.buf = w.s.Flush(w.buf)
+		w.writeOut()
+		w.trailers()
 	}
-}
-
-func (w *redactingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// bufferedWriter gathers a redacted body's writes into larger ones: a
-// redacted body goes out chunked (its length is not known beforehand), and
-// a chunk per 16 KiB TLS record read from upstream would cost a small TLS
-// record and a system call each. Flush (which ReverseProxy calls for
-// streams) writes at once, so streams keep their pace.
-type bufferedWriter struct {
-	http.ResponseWriter
-	buf []byte
-	red *redact.Replacer // for informational (1xx) headers, which ReverseProxy passes on itself
-}
-
-// writeBuffers are bufferedWriter's buffers, reused across requests.
-var writeBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
-
-func newBufferedWriter(w http.ResponseWriter, red *redact.Replacer) *bufferedWriter {
-	return &bufferedWriter{ResponseWriter: w, buf: (*writeBuffers.Get().(*[]byte))[:0], red: red}
-}
-
-// WriteHeader redacts an informational response's headers (103 Early
-// Hints, say), which never pass through modifyResponse.
-func (w *bufferedWriter) WriteHeader(code int) {
-	if code < http.StatusOK {
-		redactHeader(w.Header(), w.red)
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-// finish writes what is gathered and gives the buffer back.
-func (w *bufferedWriter) finish() {
-	w.writeOut()
 	b := w.buf[:0]
 	w.buf = nil
 	writeBuffers.Put(&b)
 }
 
-func (w *bufferedWriter) Write(b []byte) (int, error) {
-	if w.buf == nil { // finished: a late write goes straight out
-		return w.ResponseWriter.Write(b)
-	}
-	if len(w.buf)+len(b) > cap(w.buf) {
-		if err := w.writeOut(); err != nil {
-			return 0, err
+// trailers copies the trailers the handler set, redacted, to the
+// sandbox's header map, where net/http sends them after the body: those
+// announced in the Trailer header, and those set with
+// http.TrailerPrefix (HTTP/2 trailers nobody announced, as gRPC's).
+func (w *redactingWriter) trailers() {
+	out := w.w.Header()
+	for _, v := range w.h.Values("Trailer") {
+		for k := range strings.SplitSeq(v, ",") {
+			k = http.CanonicalHeaderKey(strings.TrimSpace(k))
+			if vals, ok := w.h[k]; ok && k != "" {
+				out[k] = w.redactAll(vals)
+			}
 		}
-		if len(b) >= cap(w.buf) {
-			return w.ResponseWriter.Write(b)
+	}
+	for k, vals := range w.h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			out[k] = w.redactAll(vals)
 		}
 	}
-	w.buf = append(w.buf, b...)
-	return len(b), nil
 }
 
-func (w *bufferedWriter) writeOut() error {
-	if len(w.buf) == 0 {
-		return nil
-	}
-	_, err := w.ResponseWriter.Write(w.buf)
-	w.buf = w.buf[:0]
-	return err
-}
-
-// Flush writes what is gathered and flushes the connection.
-func (w *bufferedWriter) Flush() {
-	w.FlushError()
-}
-
-// FlushError is Flush, with the error.
-func (w *bufferedWriter) FlushError() error {
-	if err := w.writeOut(); err != nil {
-		return err
-	}
-	return http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-func (w *bufferedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *redactingWriter) Unwrap() http.ResponseWriter { return w.w }

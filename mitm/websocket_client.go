@@ -11,7 +11,7 @@ import (
 // host, for the rules that opt in (vault implements it); nil replaces
 // nothing.
 type WebSocketSubstituter interface {
-	WebSocketSubstitution(agent, host string) (*redact.Replacer, error)
+	WebSocketSubstitution(agent, host string) (*Replacer, error)
 }
 
 // frameSubstituter is the client's side of an upgraded WebSocket: the

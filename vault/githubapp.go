@@ -138,13 +138,14 @@ func (t *appTokens) cached(secret appKey, now time.Time, within time.Duration) (
 }
 
 // appToken returns an installation token for secret good for longer than
-// within, minting one if the cached one is not.
+// within, minting one if the cached one is not. The mint carries ctx's
+// values (not its cancellation: other requests may wait for the token).
 //
 // Tokens are cached by the secret's sealing, not its name: a secret set
 // again, replaced or deleted and made anew under the same name (by
 // another owner, with another App) is sealed under a fresh random nonce,
 // and never inherits the old one's token.
-func (v *Vault) appToken(name string, e *secretEntry, key []byte, within time.Duration) (appToken, error) {
+func (v *Vault) appToken(ctx context.Context, name string, e *secretEntry, key []byte, within time.Duration) (appToken, error) {
 	t := &v.apps
 	now := v.now()
 	secret := appKey{name: name, nonce: [chacha20poly1305.NonceSizeX]byte(e.stored.Sealed)}
@@ -179,7 +180,7 @@ func (v *Vault) appToken(name string, e *secretEntry, key []byte, within time.Du
 	if err != nil {
 		return appToken{}, fmt.Errorf("vault: secret %q: %w", name, err)
 	}
-	minted, expires, err := app.mint(client)
+	minted, expires, err := app.mint(context.WithoutCancel(ctx), client)
 	if err != nil {
 		return appToken{}, fmt.Errorf("vault: secret %q: %w", name, err)
 	}
@@ -192,13 +193,13 @@ func (v *Vault) appToken(name string, e *secretEntry, key []byte, within time.Du
 
 // mint exchanges the App's JWT, dated by the system clock (GitHub's
 // reference), for an installation token.
-func (a *githubApp) mint(client *http.Client) (string, time.Time, error) {
+func (a *githubApp) mint(ctx context.Context, client *http.Client) (string, time.Time, error) {
 	now := time.Now()
 	jwt, err := a.jwt(now)
 	if err != nil {
 		return "", time.Time{}, fmt.Errorf("signing the GitHub App JWT: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), appMintTimeout)
+	ctx, cancel := context.WithTimeout(ctx, appMintTimeout)
 	defer cancel()
 	endpoint := strings.TrimSuffix(a.APIURL, "/") + "/app/installations/" + strconv.FormatInt(a.InstallationID, 10) + "/access_tokens"
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, nil)

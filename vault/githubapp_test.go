@@ -1,6 +1,7 @@
 package vault
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -201,4 +202,49 @@ func BenchmarkGitHubAppInject(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+type ctxProbeKey struct{}
+
+// probeTransport notes what the mint's request context held.
+type probeTransport struct {
+	next      http.RoundTripper
+	value     atomic.Value
+	cancelled atomic.Bool
+}
+
+func (p *probeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if v := r.Context().Value(ctxProbeKey{}); v != nil {
+		p.value.Store(v)
+	}
+	p.cancelled.Store(r.Context().Err() != nil)
+	return p.next.RoundTrip(r)
+}
+
+// TestGitHubAppMintCarriesTheRequestsContext: the token exchange made
+// for a request carries that request's context values (a trace, say),
+// and not its cancellation: other requests may be waiting for the token.
+func TestGitHubAppMintCarriesTheRequestsContext(t *testing.T) {
+	ts := &tokenServer{appID: 4242, install: 77, lifetime: time.Hour, now: time.Now}
+	srv := httptest.NewTLSServer(ts)
+	defer srv.Close()
+	key, value := githubAppSecret(t, srv.URL)
+	ts.pub = &key.PublicKey
+	v, err := Open(&MemoryStorage{}, testKey(1), Config{PlaceholderPrefix: "agenthold"})
+	require.NoError(t, err)
+	rule, _ := Preset("github-app")
+	require.NoError(t, v.Set(Secret{Name: "app", Rule: rule}, []byte(value)))
+	_, err = v.Attach("a1", "app", "GITHUB_TOKEN")
+	require.NoError(t, err)
+	probe := &probeTransport{next: srv.Client().Transport}
+	v.SetTokenClient(&http.Client{Transport: probe})
+
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxProbeKey{}, "trace-1"))
+	cancel() // the client went away; the mint goes on
+	req := newRequest(t, "https://api.github.com/user", nil).WithContext(ctx)
+	_, err = v.Inject("a1", req)
+	require.NoError(t, err)
+	assert.Equal(t, "trace-1", probe.value.Load(), "the mint lost the request's context")
+	assert.False(t, probe.cancelled.Load(), "the mint was cancelled with one request")
+	assert.EqualValues(t, 1, ts.minted.Load())
 }

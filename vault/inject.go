@@ -61,7 +61,7 @@ func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error)
 				// with a dead one until it nears its expiry.
 				return used, &RefusedError{Reason: "revoking a GitHub App installation token the gateway minted"}
 			}
-			tok, err := v.appToken(a.Secret, e, key, appTokenMargin)
+			tok, err := v.appToken(r.Context(), a.Secret, e, key, appTokenMargin)
 			if err != nil {
 				return used, err
 			}

@@ -1,6 +1,7 @@
 package vault
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -37,7 +38,7 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 		if e.rule.Mode == GitHubApp {
 			// The token the request will carry, minted now if need be:
 			// the redactor must know it before the response comes.
-			tok, err := v.appToken(a.Secret, e, cur.key, appTokenMargin+appTokenLead)
+			tok, err := v.appToken(context.Background(), a.Secret, e, cur.key, appTokenMargin+appTokenLead) // Redactor has no request
 			if err != nil {
 				return nil, err
 			}
