@@ -25,6 +25,42 @@
 //   - vault keeps secrets encrypted at rest and implements that injector:
 //     the sandbox holds placeholders, never values. Leaf.
 //
+// # One place per guarantee
+//
+// Each guarantee is enforced in one place that every path must pass; a
+// new protocol, header part or mode goes through it, never beside it.
+//
+//   - Who may send. In gateway mode an agent's interface accepts only
+//     that agent's own addresses (and its link-local one) as source, in
+//     the kernel: nftrules' agent_src chain, before any socket sees a
+//     packet. Above it, the identity of a packet is its exact source
+//     address, named by the AgentFunc each server is given: dnsfilter's
+//     UDP door (udp.go) drops, and counts, any source it cannot name;
+//     tproxy refuses a connection or request whose source it cannot name.
+//   - What a name is. internal/hostname canonicalises a name once, where
+//     it enters (a DNS question, SNI, Host, a CONNECT target, a policy
+//     entry); nothing after it folds case or trims dots by hand (a test
+//     greps the blocks for it).
+//   - What is allowed. policy decides (Policy.Decide, DecideAddr,
+//     DecidePort, DialCheck); each request is judged by the agent's policy
+//     as policy.Current returns it then: tproxy judges the name a
+//     connection or request carries (SNI, Host, CONNECT target) with
+//     Decide, and a raw TCP connection with one decision (judgeRaw, which
+//     always looks up the name the agent resolved); mitm judges every
+//     intercepted request and HTTP/2 stream; dnsfilter every query;
+//     policy.DialCheck every address at dial time. A changed policy ends
+//     what it no longer allows (tproxy's Rejudge).
+//   - What the sandbox may see of a secret. mitm's redacting writer: in an
+//     exchange that could carry a secret, everything the sandbox is sent
+//     passes it; the upgrade to a WebSocket, which leaves HTTP, passes
+//     the frame redactor.
+//   - What is recorded. egresslog.Log's one entry point (Record): two
+//     bounded rings (denials apart, so that allowed traffic and refusals
+//     cannot evict them), refusals of a spent budget summarised per agent,
+//     reason and second, and size-capped rotating files.
+//   - What a byte costs. internal/budget: per-agent counters and rates
+//     bound connections, queries, requests and bytes on every path.
+//
 // Only the programs in examples/agenthold (a sandbox server's egress
 // gateway) and examples/sidecar (a per-Pod egress filter) import them all.
 // Every package fails closed: an absent, empty, unparseable, unknown or
