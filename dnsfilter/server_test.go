@@ -177,10 +177,10 @@ func TestDeniedNamesNeverLeave(t *testing.T) {
 
 func TestDenyAllStillAnswers(t *testing.T) {
 	h := newHarness(t, nil, nil)
-	h.pol.Store(policy.Deny(policy.ReasonFileAbsent))
+	h.pol.Store(policy.Deny(policy.ReasonNotEnforced))
 	resp := h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false)
 	assert.Equal(t, dns.RcodeNameError, resp.Rcode, "rcode, want NXDOMAIN")
-	assert.Equal(t, policy.ReasonFileAbsent, h.lastRecord().Reason, "record Reason")
+	assert.Equal(t, policy.ReasonNotEnforced, h.lastRecord().Reason, "record Reason")
 	assert.Zero(t, h.up.total(), "deny-all forwarded a query")
 }
 

@@ -70,7 +70,8 @@ func TestDenyEntryErrors(t *testing.T) {
 		_, err = New(Config{Mode: Open, Allow: []string{"!" + bad}})
 		assert.Error(t, err, "allow !%q", bad)
 	}
-	p, err := Parse([]byte("enforce: true\nmode: open\ndeny: [pastebin.com]\nallow: ['!*.ngrok.io']\n"))
+	enforce := true
+	p, err := (&Document{Enforce: &enforce, Mode: "open", Deny: []string{"pastebin.com"}, Allow: []string{"!*.ngrok.io"}}).Compile()
 	require.NoError(t, err)
 	assert.False(t, p.Decide("pastebin.com", 443).Allowed)
 	assert.False(t, p.Decide("a.ngrok.io", 443).Allowed)

@@ -35,16 +35,19 @@
 // address it judged, which is what the caller must dial. Report mode
 // decides as enforcement would but allows, marking what it would deny.
 //
-// A policy file is fail-closed at every step ([Load], [Watch]): absent,
-// empty, unparseable or invalid denies everything; enforce: false denies
-// everything; a watched file that goes bad after a good load denies
-// everything rather than keeping the old policy.
+// A [Document] is a policy as a file holds it, its keys in camelCase;
+// package policyfile reads (Parse, Load) and watches (Watch) one, fail
+// closed at every step: absent, empty, unparseable, invalid or with an
+// unknown key denies everything; enforce: false denies everything; a
+// watched file that goes bad after a good load denies everything rather
+// than keeping the old policy. Matching needs no YAML and no file
+// watcher: this package imports only the standard library and netguard.
 //
-// Typical use (ExampleWatch runs it):
+// Typical use (ExampleNew runs it; policyfile's ExampleWatch a file):
 //
-//	w, err := policy.Watch("/etc/egress/policy.yaml", policy.WatchConfig{Logger: log})
+//	p, err := policy.New(policy.Config{Allow: []string{"api.github.com", "*.npmjs.org"}})
 //	...
-//	d := w.Policy().Decide("api.github.com", 443)
+//	d := p.Decide("api.github.com", 443)
 //	if !d.Allowed {
 //		log.Info("denied", "rule", d.Rule, "reason", d.Reason)
 //	}

@@ -13,15 +13,15 @@ type Quotas struct {
 	// ConnectionsPerSecond bounds new connections (transparent, CONNECT
 	// tunnels and explicit-proxy requests alike), with bursts of twice as
 	// many.
-	ConnectionsPerSecond float64 `yaml:"connections-per-second" json:"connections-per-second,omitempty"`
+	ConnectionsPerSecond float64 `yaml:"connectionsPerSecond" json:"connectionsPerSecond,omitempty"`
 	// DNSQueriesPerSecond bounds DNS queries, with bursts of twice as
 	// many.
-	DNSQueriesPerSecond float64 `yaml:"dns-queries-per-second" json:"dns-queries-per-second,omitempty"`
+	DNSQueriesPerSecond float64 `yaml:"dnsQueriesPerSecond" json:"dnsQueriesPerSecond,omitempty"`
 	// BytesPerSecondUp and BytesPerSecondDown bound the bytes an agent's
 	// connections move towards destinations and back, with bursts of a
 	// second's worth. Zero means no limit.
-	BytesPerSecondUp   float64 `yaml:"bytes-per-second-up" json:"bytes-per-second-up,omitempty"`
-	BytesPerSecondDown float64 `yaml:"bytes-per-second-down" json:"bytes-per-second-down,omitempty"`
+	BytesPerSecondUp   float64 `yaml:"bytesPerSecondUp" json:"bytesPerSecondUp,omitempty"`
+	BytesPerSecondDown float64 `yaml:"bytesPerSecondDown" json:"bytesPerSecondDown,omitempty"`
 }
 
 // Defaults of Quotas' zero fields: generous for a program, tight for a
@@ -53,13 +53,13 @@ func (q Quotas) withDefaults() Quotas {
 
 func (q Quotas) check() error {
 	for name, v := range map[string]float64{
-		"connections-per-second": q.ConnectionsPerSecond, "dns-queries-per-second": q.DNSQueriesPerSecond,
-		"bytes-per-second-up": q.BytesPerSecondUp, "bytes-per-second-down": q.BytesPerSecondDown,
+		"connectionsPerSecond": q.ConnectionsPerSecond, "dnsQueriesPerSecond": q.DNSQueriesPerSecond,
+		"bytesPerSecondUp": q.BytesPerSecondUp, "bytesPerSecondDown": q.BytesPerSecondDown,
 	} {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return fmt.Errorf("policy: quota %s: %v is not a number of a second", name, v)
 		}
-		if v > 0 && v < 1 && name != "bytes-per-second-up" && name != "bytes-per-second-down" {
+		if v > 0 && v < 1 && name != "bytesPerSecondUp" && name != "bytesPerSecondDown" {
 			return fmt.Errorf("policy: quota %s: %v is less than one a second", name, v)
 		}
 	}

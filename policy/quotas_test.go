@@ -31,20 +31,6 @@ func TestQuotas(t *testing.T) {
 	}
 }
 
-func TestQuotasFromDocument(t *testing.T) {
-	p, err := Parse([]byte("enforce: true\nallowOut: [api.test]\nquotas:\n  dns-queries-per-second: 7\n"))
-	require.NoError(t, err)
-	assert.EqualValues(t, 7, p.Quotas().DNSQueriesPerSecond)
-	for _, doc := range []string{
-		"enforce: true\nquotas:\n  dns-queries-per-secnd: 7\n", // misspelt
-		"enforce: true\nquotas:\n  connections-per-second: .nan\n",
-	} {
-		p, err := Parse([]byte(doc))
-		assert.Error(t, err, "%q", doc)
-		assert.False(t, p.Decide("api.test", 443).Allowed, "%q: a bad quota denies", doc)
-	}
-}
-
 func TestAgentContext(t *testing.T) {
 	assert.Equal(t, "", AgentFrom(context.Background()))
 	assert.Equal(t, "a1", AgentFrom(WithAgent(context.Background(), "a1")))

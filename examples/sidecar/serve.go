@@ -26,6 +26,7 @@ import (
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/policyfile"
 	"github.com/agenthold/egress/tproxy"
 	"github.com/agenthold/egress/tproxy/nftrules"
 )
@@ -155,7 +156,7 @@ func cmdServe(args []string) error {
 
 // sidecar is the running filter.
 type sidecar struct {
-	watch *policy.Watcher
+	watch *policyfile.Watcher
 	dns   *dnsfilter.Server
 	proxy *tproxy.Proxy
 	// serving is the proxy once it serves, for the policy watcher, which
@@ -199,7 +200,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 			p.Rejudge(sandboxAgent)
 		}
 	}
-	if sc.watch, err = policy.Watch(policyPath, policy.WatchConfig{Logger: logger, OnLoad: rejudge}); err != nil {
+	if sc.watch, err = policyfile.Watch(policyPath, policyfile.WatchConfig{Logger: logger, OnLoad: rejudge}); err != nil {
 		return sc, err
 	}
 	creds, n, err := loadCredentials(credPath)

@@ -26,7 +26,7 @@ import (
 	"github.com/agenthold/egress/internal/readyline"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/mitm"
-	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/policyfile"
 )
 
 // TestMain lets the test binary stand in for the sidecar binary, which
@@ -131,7 +131,7 @@ func TestManifests(t *testing.T) {
 			assert.Equal(t, "Memory", v.EmptyDir.Medium, "the credentials volume is not a tmpfs (emptyDir, medium Memory)")
 		}
 	}
-	if p, err := policy.Load("deploy/policy.example.yaml"); assert.NoError(t, err, "policy.example.yaml") {
+	if p, err := policyfile.Load("deploy/policy.example.yaml"); assert.NoError(t, err, "policy.example.yaml") {
 		assert.True(t, p.Decide("api.anthropic.com", 443).Allowed, "policy.example.yaml: api.anthropic.com:443 is not allowed")
 	}
 	var creds []Credential
@@ -281,7 +281,7 @@ func TestPodInNamespaces(t *testing.T) {
 	step("suggest: a policy file of what the sandbox used, nothing it was refused")
 	out, err = p.as(0, p.self, "suggest", "--log", p.records)
 	require.NoError(t, err, "suggest: %s", out)
-	learnt, err := policy.Parse([]byte(out))
+	learnt, err := policyfile.Parse([]byte(out))
 	require.NoError(t, err, "the suggestion is not a policy file:\n%s", out)
 	for _, use := range []struct {
 		host string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agenthold/egress/internal/observe"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/policyfile"
 )
 
 // cmdSuggest proposes the smallest policy file that covers what the
@@ -20,7 +21,7 @@ import (
 func cmdSuggest(args []string) error {
 	fs := flag.NewFlagSet("suggest", flag.ContinueOnError)
 	logPath := fs.String("log", "", "the JSON-lines log serve --log wrote (required)")
-	current := fs.String("policy", "", "the current policy file, whose deny entries, doh-endpoints and private-network setting the suggestion keeps")
+	current := fs.String("policy", "", "the current policy file, whose deny entries, dohEndpoints and private-network setting the suggestion keeps")
 	collapse := fs.Int("collapse", 0, "collapse N or more sibling names into *.parent (0: never)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -34,7 +35,7 @@ func cmdSuggest(args []string) error {
 		if err != nil {
 			return err
 		}
-		if err := yaml.Unmarshal(b, &keep); err != nil {
+		if keep, err = policyfile.Decode(b); err != nil {
 			return fmt.Errorf("%s: %w", *current, err)
 		}
 	}
@@ -55,7 +56,7 @@ type suggestedFile struct {
 	Enforce              bool     `yaml:"enforce"`
 	AllowOut             []string `yaml:"allowOut"`
 	Deny                 []string `yaml:"deny,omitempty"`
-	DoHEndpoints         []string `yaml:"doh-endpoints,omitempty"`
+	DoHEndpoints         []string `yaml:"dohEndpoints,omitempty"`
 	AllowPrivateNetworks bool     `yaml:"allowPrivateNetworks,omitempty"`
 }
 
@@ -72,9 +73,7 @@ func writeSuggestion(w io.Writer, s policy.Suggestion, keep policy.Document, rec
 			}
 		}
 	}
-	for _, p := range []*bool{keep.AllowPrivateNetworks, keep.AllowPrivateAlias} {
-		out.AllowPrivateNetworks = out.AllowPrivateNetworks || (p != nil && *p)
-	}
+	out.AllowPrivateNetworks = keep.AllowPrivateNetworks
 	doc, err := yaml.Marshal(out)
 	if err != nil {
 		return err

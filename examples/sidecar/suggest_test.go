@@ -7,9 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/policyfile"
 )
 
 // TestSuggestionKeepsTheCurrentRefusals: what the current file refuses
@@ -18,8 +18,8 @@ import (
 // sandbox reached only because report mode let a deny entry pass is not
 // learnt.
 func TestSuggestionKeepsTheCurrentRefusals(t *testing.T) {
-	var keep policy.Document
-	require.NoError(t, yaml.Unmarshal([]byte("enforce: true\nreport: true\nallowOut: ['!pastebin.com', api.test]\ndeny: ['*.ngrok.io']\ndoh-endpoints: [doh.internal.example]\nallowPrivateNetworks: true\n"), &keep))
+	keep, err := policyfile.Decode([]byte("enforce: true\nreport: true\nallowOut: ['!pastebin.com', api.test]\ndeny: ['*.ngrok.io']\ndohEndpoints: [doh.internal.example]\nallowPrivateNetworks: true\n"))
+	require.NoError(t, err)
 	now := time.Now()
 	s := policy.Suggest([]policy.Observation{
 		{Host: "api.test", Port: 443, Time: now, Succeeded: true},
@@ -27,7 +27,7 @@ func TestSuggestionKeepsTheCurrentRefusals(t *testing.T) {
 	}, policy.SuggestConfig{})
 	var out strings.Builder
 	require.NoError(t, writeSuggestion(&out, s, keep, 2, 0))
-	p, err := policy.Parse([]byte(out.String()))
+	p, err := policyfile.Parse([]byte(out.String()))
 	require.NoError(t, err, out.String())
 	assert.True(t, p.Decide("api.test", 443).Allowed, out.String())
 	assert.False(t, p.Decide("pastebin.com", 443).Allowed, out.String())

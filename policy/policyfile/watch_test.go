@@ -1,4 +1,4 @@
-package policy
+package policyfile
 
 import (
 	"os"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/policy"
 )
 
 // watchHarness starts a Watcher on a file in a fresh directory and lets a
@@ -17,11 +19,11 @@ type watchHarness struct {
 	dir   string
 	path  string
 	w     *Watcher
-	loads chan *Policy
+	loads chan *policy.Policy
 }
 
 func newWatchHarness(t *testing.T) *watchHarness {
-	h := &watchHarness{t: t, dir: t.TempDir(), loads: make(chan *Policy, 64)}
+	h := &watchHarness{t: t, dir: t.TempDir(), loads: make(chan *policy.Policy, 64)}
 	h.path = filepath.Join(h.dir, "policy.yaml")
 	return h
 }
@@ -29,7 +31,7 @@ func newWatchHarness(t *testing.T) *watchHarness {
 func (h *watchHarness) start() {
 	w, err := Watch(h.path, WatchConfig{
 		Resync: time.Hour, // every change below must arrive through fsnotify
-		OnLoad: func(p *Policy, _ error) { h.loads <- p },
+		OnLoad: func(p *policy.Policy, _ error) { h.loads <- p },
 	})
 	require.NoError(h.t, err)
 	h.w = w
@@ -78,7 +80,7 @@ func TestWatcherFailClosedSteps(t *testing.T) {
 	h.await("garbage", false, ReasonFileInvalid)
 
 	h.write("enforce: false\nallowOut: [github.com]\n")
-	h.await("enforce false", false, ReasonNotEnforced)
+	h.await("enforce false", false, policy.ReasonNotEnforced)
 
 	h.write(goodPolicy)
 	h.await("good", true, "")

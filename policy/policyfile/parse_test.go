@@ -1,4 +1,4 @@
-package policy
+package policyfile
 
 import (
 	"os"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/policy"
 )
 
 func TestParse(t *testing.T) {
@@ -24,8 +26,8 @@ func TestParse(t *testing.T) {
 		{"open", "enforce: true\nmode: open\n", "", "", true},
 		{"version 1", "version: 1\nenforce: true\nallowOut: [github.com]\n", "", "", true},
 		{"default mode is allowlist", "enforce: true\n", "", "", false},
-		{"enforce false", "enforce: false\nmode: open\n", "", ReasonNotEnforced, false},
-		{"enforce unset", "mode: open\n", "", ReasonEnforceUnset, false},
+		{"enforce false", "enforce: false\nmode: open\n", "", policy.ReasonNotEnforced, false},
+		{"enforce unset", "mode: open\n", "", policy.ReasonEnforceUnset, false},
 		{"empty", "", "empty", ReasonFileEmpty, false},
 		{"whitespace", " \n\t\n", "empty", ReasonFileEmpty, false},
 		{"comment only", "# nothing yet\n", "empty", ReasonFileEmpty, false},
@@ -38,7 +40,7 @@ func TestParse(t *testing.T) {
 		{"bad mode", "enforce: true\nmode: permissive\n", "unknown mode", ReasonFileInvalid, false},
 		{"bad version", "version: 2\nenforce: true\n", "version 2", ReasonFileInvalid, false},
 		{"both lists", "enforce: true\nallow: [a.example]\nallowOut: [b.example]\n", "use one", ReasonFileInvalid, false},
-		{"both private keys", "enforce: true\nallow-private-networks: true\nallowPrivateNetworks: false\n", "use one", ReasonFileInvalid, false},
+		{"old spelling", "enforce: true\nallow-private-networks: true\n", "allowPrivateNetworks", ReasonFileInvalid, false},
 		{"two documents", "enforce: true\nmode: open\n---\nenforce: false\n", "more than one", ReasonFileInvalid, false},
 		{"too large", "enforce: true\nallowOut: [" + strings.Repeat("a.example, ", MaxDocumentSize/10) + "]\n", "larger than", ReasonFileInvalid, false},
 	}
@@ -59,15 +61,10 @@ func TestParse(t *testing.T) {
 }
 
 func TestParsePrivateNetworks(t *testing.T) {
-	for _, doc := range []string{
-		"enforce: true\nallowOut: ['*']\nallow-private-networks: true\n",
-		"enforce: true\nallowOut: ['*']\nallowPrivateNetworks: true\n",
-	} {
-		p, err := Parse([]byte(doc))
-		assert.NoError(t, err, "Parse(%q)", doc)
-		assert.True(t, p.AllowPrivateNetworks(), "Parse(%q): private networks not allowed", doc)
-	}
-	p, err := Parse([]byte("enforce: true\nallowOut: ['*']\n"))
+	p, err := Parse([]byte("enforce: true\nallowOut: ['*']\nallowPrivateNetworks: true\n"))
+	assert.NoError(t, err)
+	assert.True(t, p.AllowPrivateNetworks(), "private networks not allowed")
+	p, err = Parse([]byte("enforce: true\nallowOut: ['*']\n"))
 	assert.NoError(t, err, "Parse without the switch")
 	assert.False(t, p.AllowPrivateNetworks(), "private networks allowed without the switch")
 }
@@ -89,4 +86,39 @@ func TestLoad(t *testing.T) {
 	p, err = Load(path)
 	assert.ErrorContains(t, err, path, "bad file: the error names the file")
 	assert.Equal(t, ReasonFileInvalid, p.DenyReason(), "bad file")
+}
+
+func TestQuotasFromDocument(t *testing.T) {
+	p, err := Parse([]byte("enforce: true\nallowOut: [api.test]\nquotas:\n  dnsQueriesPerSecond: 7\n"))
+	require.NoError(t, err)
+	assert.EqualValues(t, 7, p.Quotas().DNSQueriesPerSecond)
+	for _, doc := range []string{
+		"enforce: true\nquotas:\n  dnsQueriesPerSecnd: 7\n", // misspelt
+		"enforce: true\nquotas:\n  connectionsPerSecond: .nan\n",
+	} {
+		p, err := Parse([]byte(doc))
+		assert.Error(t, err, "%q", doc)
+		assert.False(t, p.Decide("api.test", 443).Allowed, "%q: a bad quota denies", doc)
+	}
+}
+
+// TestUnknownKeySuggested: a key in another spelling than the document's
+// (the kebab-case of older files) is an error that names the right one.
+func TestUnknownKeySuggested(t *testing.T) {
+	for doc, want := range map[string]string{
+		"enforce: true\nallow-private-networks: true\n":         `"allow-private-networks" is spelt "allowPrivateNetworks"`,
+		"enforce: true\ndoh-endpoints: [doh.example]\n":         `"doh-endpoints" is spelt "dohEndpoints"`,
+		"enforce: true\nquotas:\n  dns_queries_per_second: 7\n": `"dns_queries_per_second" is spelt "dnsQueriesPerSecond"`,
+	} {
+		p, err := Parse([]byte(doc))
+		require.Error(t, err, doc)
+		assert.Contains(t, err.Error(), want)
+		assert.Equal(t, ReasonFileInvalid, p.Decide("github.com", 443).Reason, "an unknown key denies")
+	}
+	_, err := Decode([]byte("enforce: true\ndoh-endpoints: [x.example]\n"))
+	require.Error(t, err, "Decode is as strict as Parse")
+	assert.Contains(t, err.Error(), `"dohEndpoints"`)
+	_, err = Parse([]byte("enforce: true\nwhatever: 1\n"))
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "is spelt", "a key like no other gets no suggestion")
 }

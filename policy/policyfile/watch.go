@@ -1,4 +1,4 @@
-package policy
+package policyfile
 
 import (
 	"crypto/sha256"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/agenthold/egress/policy"
 )
 
 // Watcher keeps the policy of one file current. It watches the file's
@@ -24,8 +26,8 @@ import (
 type Watcher struct {
 	path    string
 	log     *slog.Logger
-	onLoad  func(*Policy, error)
-	current atomic.Pointer[Policy]
+	onLoad  func(*policy.Policy, error)
+	current atomic.Pointer[policy.Policy]
 	fsw     *fsnotify.Watcher
 	resync  time.Duration
 
@@ -48,7 +50,7 @@ type WatchConfig struct {
 	Logger *slog.Logger
 	// OnLoad is called after the first load and every load that changes
 	// the policy, with the new policy and the load error (nil on success).
-	OnLoad func(*Policy, error)
+	OnLoad func(*policy.Policy, error)
 	// Resync is the interval of the safety re-read; zero means
 	// DefaultResync.
 	Resync time.Duration
@@ -79,7 +81,7 @@ func Watch(path string, cfg WatchConfig) (*Watcher, error) {
 	if w.resync <= 0 {
 		w.resync = DefaultResync
 	}
-	w.current.Store(Deny(ReasonFileAbsent))
+	w.current.Store(policy.Deny(ReasonFileAbsent))
 	w.reload()
 	w.wg.Add(1)
 	go w.run()
@@ -87,7 +89,7 @@ func Watch(path string, cfg WatchConfig) (*Watcher, error) {
 }
 
 // Policy returns the current policy; never nil.
-func (w *Watcher) Policy() *Policy { return w.current.Load() }
+func (w *Watcher) Policy() *policy.Policy { return w.current.Load() }
 
 // Close stops watching. The last policy stays readable.
 func (w *Watcher) Close() error {
