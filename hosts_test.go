@@ -1,6 +1,7 @@
 package egress_test
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -27,7 +28,7 @@ func TestPolicyAndVaultAgreeOnHosts(t *testing.T) {
 		"api.example.com", "API.Example.COM.", "example.com", "a.b.example.com", "api.example.com.evil.net",
 		"xn--bcher-kva.example", "BÜCHER.example", "_svc.example.net", "svc.example.net", "apiexample.com",
 	}
-	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v")}, make([]byte, vault.KeySize), vault.Config{})
+	v, err := vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v")}, bytes.Repeat([]byte{7}, vault.KeySize), vault.Config{})
 	require.NoError(t, err)
 	for _, pattern := range patterns {
 		p, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{pattern + ":*"}})

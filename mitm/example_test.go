@@ -56,7 +56,11 @@ func ExampleInterceptor() {
 	upstreamRoots.AddCert(upstream.Certificate())
 
 	// The vault holds the key; the agent gets a placeholder.
-	v, err := vault.Open(&vault.MemoryStorage{}, make([]byte, vault.KeySize), vault.Config{})
+	key, err := vault.NewKey()
+	if err != nil {
+		panic(err)
+	}
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{})
 	if err != nil {
 		panic(err)
 	}

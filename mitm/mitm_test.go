@@ -2,6 +2,7 @@ package mitm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -105,7 +106,7 @@ func newRig(t testing.TB) *rig {
 	go upSrv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { upSrv.Close() })
 
-	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, make([]byte, vault.KeySize), vault.Config{PlaceholderPrefix: "test"})
+	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, bytes.Repeat([]byte{7}, vault.KeySize), vault.Config{PlaceholderPrefix: "test"})
 	require.NoError(t, err)
 	require.NoError(t, r.vault.Set(vault.Secret{Name: "api", Rule: vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Template: "Bearer {{.Value}}"}}, []byte(secretValue)))
 	a, err := r.vault.Attach("a1", "api", "API_KEY")

@@ -9,7 +9,10 @@ import (
 )
 
 func ExampleVault_Inject() {
-	key := make([]byte, vault.KeySize) // in real use: vault.LoadKeyFile or vault.KeyFromEnv
+	key, err := vault.NewKey() // a vault in memory; on disk: vault.LoadKeyFile
+	if err != nil {
+		panic(err)
+	}
 	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{PlaceholderPrefix: "agenthold"})
 	if err != nil {
 		panic(err)
@@ -37,7 +40,11 @@ func ExampleVault_Inject() {
 // only the TLS an agent's rules cover, and a placeholder sent anywhere
 // else goes out as it is.
 func ExampleVault_Covers() {
-	v, err := vault.Open(&vault.MemoryStorage{}, make([]byte, vault.KeySize), vault.Config{})
+	key, err := vault.NewKey()
+	if err != nil {
+		panic(err)
+	}
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{})
 	if err != nil {
 		panic(err)
 	}

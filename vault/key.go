@@ -12,6 +12,16 @@ import (
 	"strings"
 )
 
+// NewKey returns a fresh random master key, for a vault that lives in
+// memory only (its key is never written anywhere).
+func NewKey() ([]byte, error) {
+	key := make([]byte, KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("vault: a random key: %w", err)
+	}
+	return key, nil
+}
+
 // LoadKeyFile reads the master key from path, creating it on first use:
 // 32 random bytes in a file of mode 0600, in a directory of mode 0700. A
 // key file that group or others may read, or of the wrong size, is refused.

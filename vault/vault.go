@@ -108,6 +108,9 @@ func Open(st Storage, key []byte, cfg Config) (*Vault, error) {
 	if len(key) != KeySize {
 		return nil, fmt.Errorf("vault: master key is %d bytes, want %d", len(key), KeySize)
 	}
+	if !slices.ContainsFunc(key, func(b byte) bool { return b != 0 }) {
+		return nil, errors.New("vault: master key is all zero: a placeholder, not a key (LoadKeyFile or NewKey make one)")
+	}
 	v := &Vault{cfg: cfg, store: st}
 	cur := newState(slices.Clone(key), map[string]*secretEntry{}, map[string][]Attachment{})
 	v.cur.Store(cur)

@@ -519,3 +519,19 @@ func TestAttachPlaceholderAndMemoryStorage(t *testing.T) {
 	assert.Equal(t, "Bearer V", req.Header.Get("Authorization"), "inject with a given placeholder")
 	assert.Equal(t, "V", req.Header.Get("X-Key"), "inject with a given placeholder")
 }
+
+// TestOpenRefusesAPlaceholderKey: a key that is all zero (the zero value
+// of a buffer never filled) or of the wrong length opens no vault.
+func TestOpenRefusesAPlaceholderKey(t *testing.T) {
+	for _, key := range [][]byte{nil, make([]byte, KeySize), make([]byte, 16), testKey(1)[:KeySize-1], append(testKey(1), 1)} {
+		_, err := Open(&MemoryStorage{}, key, Config{})
+		assert.Error(t, err, "a key of %d bytes, %x", len(key), key)
+	}
+	key, err := NewKey()
+	require.NoError(t, err)
+	_, err = Open(&MemoryStorage{}, key, Config{})
+	assert.NoError(t, err)
+	other, err := NewKey()
+	require.NoError(t, err)
+	assert.NotEqual(t, key, other, "NewKey is random")
+}

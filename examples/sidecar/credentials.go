@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -61,8 +60,8 @@ const sandboxAgent = "sandbox"
 // memory only, sealed under a key that is never written anywhere. An
 // absent file means no credentials; a damaged one is an error.
 func loadCredentials(path string) (*vault.Vault, int, error) {
-	key := make([]byte, vault.KeySize)
-	if _, err := rand.Read(key); err != nil {
+	key, err := vault.NewKey()
+	if err != nil {
 		return nil, 0, err
 	}
 	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{PlaceholderPrefix: "sidecar"})
