@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command agenthold is the egress gateway of a sandbox server, as the
 // seed "Egress and secrets" describes it, composed from this module's
 // packages: each agent's sandbox gets a network namespace whose only way

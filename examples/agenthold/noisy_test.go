@@ -1,4 +1,4 @@
-//go:build !race
+//go:build linux && !race
 
 // The noisy-neighbour load test measures latency and the gateway's peak
 // use of descriptors and memory: under the race detector those figures

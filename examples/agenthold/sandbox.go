@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 // `agenthold exec` confines a command to an agent's sandbox in two

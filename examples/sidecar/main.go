@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command sidecar is the per-Pod egress filter of the seed "The egress
 // filter", composed from this module's packages. It runs beside the
 // sandbox in the Pod's network namespace, default deny, fail-closed at
