@@ -17,8 +17,11 @@ const module = "github.com/agenthold/egress"
 var allowedDeps = map[string][]string{
 	"netguard":  nil,
 	"egresslog": nil,
-	"vault":     {module + "/internal/hostname", module + "/internal/redact", module + "/internal/budget", "github.com/aws/aws-sdk-go-v2", "github.com/aws/smithy-go"},
-	"policy":    {module + "/netguard", module + "/internal/hostname"},
+	"vault":     {module + "/internal/hostname", module + "/internal/redact", module + "/internal/budget"},
+	// AWS's own SigV4 signer for vault's AWSSigV4 mode: apart, so that
+	// no other user of vault links the AWS SDK.
+	"vault/awssig": {module + "/vault", "github.com/aws/aws-sdk-go-v2", "github.com/aws/smithy-go"},
+	"policy":       {module + "/netguard", module + "/internal/hostname"},
 	// Reading and watching policy files: apart, so that matching links
 	// neither YAML nor a file watcher.
 	"policy/policyfile": {module + "/policy", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},

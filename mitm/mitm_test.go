@@ -36,6 +36,7 @@ import (
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/vault"
+	"github.com/agenthold/egress/vault/awssig"
 )
 
 const secretValue = "sk-live-7f3c9d1e2b4a60581f2e3d4c5b6a7980" // the value that must never leak
@@ -106,7 +107,7 @@ func newRig(t testing.TB) *rig {
 	go upSrv.ServeTLS(ln, "", "")
 	t.Cleanup(func() { upSrv.Close() })
 
-	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, bytes.Repeat([]byte{7}, vault.KeySize), vault.Config{PlaceholderPrefix: "test"})
+	r.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(t.TempDir(), "v.json")}, bytes.Repeat([]byte{7}, vault.KeySize), vault.Config{PlaceholderPrefix: "test", SigV4: awssig.Signer{}})
 	require.NoError(t, err)
 	require.NoError(t, r.vault.Set(vault.Secret{Name: "api", Rule: vault.Rule{Hosts: []string{"api.test"}, Header: "Authorization", Template: "Bearer {{.Value}}"}}, []byte(secretValue)))
 	a, err := r.vault.Attach("a1", "api", "API_KEY")

@@ -10,9 +10,6 @@ import (
 	"net/url"
 	"strings"
 	"time"
-
-	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 )
 
 // An AWSSigV4 secret's value is "ACCESS_KEY_ID:SECRET_ACCESS_KEY", or
@@ -21,6 +18,35 @@ import (
 // access key ID and its secret key (and session token, if the real
 // credentials have one), signs with them as any SDK does, and the gateway
 // re-signs each request it finds signed with the placeholder.
+
+// AWSCredentials are the parts of an AWSSigV4 secret's value.
+type AWSCredentials struct {
+	AccessKeyID, SecretAccessKey, SessionToken string
+}
+
+// SigV4 says how to sign one request with AWS Signature Version 4.
+type SigV4 struct {
+	Credentials     AWSCredentials
+	PayloadHash     string
+	Service, Region string
+	Time            time.Time
+	PathAsSent      bool // sign the path as sent, not escaped again (S3)
+}
+
+// SigV4Signer signs requests for the AWSSigV4 mode: Sign sets r's
+// Authorization and X-Amz-Date headers over the headers r carries;
+// Presign returns r's URL presigned. Package vault/awssig gives the one
+// built on AWS's own signer, apart so that no other user of vault links
+// the AWS SDK; a vault without one (Config.SigV4) refuses to inject
+// AWSSigV4 secrets.
+type SigV4Signer interface {
+	Sign(ctx context.Context, r *http.Request, s SigV4) error
+	Presign(ctx context.Context, r *http.Request, s SigV4) (string, error)
+}
+
+// ErrNoSigV4Signer refuses an AWSSigV4 secret's request in a vault with
+// no SigV4Signer.
+var ErrNoSigV4Signer = errors.New("vault: no SigV4 signer to re-sign AWS requests (Config.SigV4; package vault/awssig has one)")
 
 // awsTimeFormat is SigV4's X-Amz-Date.
 const awsTimeFormat = "20060102T150405Z"
@@ -35,20 +61,20 @@ const (
 )
 
 // parseAWSValue splits an AWSSigV4 secret's value.
-func parseAWSValue(value string) (aws.Credentials, error) {
+func parseAWSValue(value string) (AWSCredentials, error) {
 	parts := strings.Split(value, ":")
 	if len(parts) != 2 && len(parts) != 3 {
-		return aws.Credentials{}, errors.New("an aws-sigv4 secret is ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]")
+		return AWSCredentials{}, errors.New("an aws-sigv4 secret is ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]")
 	}
 	for _, p := range parts {
 		if p == "" || strings.ContainsAny(p, " \t\r\n") {
-			return aws.Credentials{}, errors.New("an aws-sigv4 secret's parts are non-empty and without spaces")
+			return AWSCredentials{}, errors.New("an aws-sigv4 secret's parts are non-empty and without spaces")
 		}
 	}
 	if strings.Contains(parts[0], "/") {
-		return aws.Credentials{}, errors.New("an aws-sigv4 secret's access key ID has no '/'")
+		return AWSCredentials{}, errors.New("an aws-sigv4 secret's access key ID has no '/'")
 	}
-	c := aws.Credentials{AccessKeyID: parts[0], SecretAccessKey: parts[1]}
+	c := AWSCredentials{AccessKeyID: parts[0], SecretAccessKey: parts[1]}
 	if len(parts) == 3 {
 		c.SessionToken = parts[2]
 	}
@@ -125,7 +151,8 @@ func (s *sigV4) fill(credential, signedHeaders string) error {
 // and X-Amz-Security-Token are replaced, over the same signed headers and
 // signing time. A request not signed at all is left alone; one signed
 // otherwise, or in a way the gateway cannot re-sign, is refused.
-func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, creds aws.Credentials) (bool, error) {
+func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, creds AWSCredentials) (bool, error) {
+	signer := v.cfg.SigV4
 	sig, signed, err := parseSigV4(r)
 	switch {
 	case !signed:
@@ -134,6 +161,8 @@ func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, cre
 		return false, &RefusedError{Reason: "AWS request: " + err.Error()}
 	case sig.accessKey != placeholder:
 		return false, &RefusedError{Reason: "AWS request signed with an access key ID that is not the agent's placeholder"}
+	case signer == nil:
+		return false, ErrNoSigV4Signer
 	}
 	if why := sig.badTime(r, v.now()); why != "" {
 		return false, &RefusedError{Reason: "AWS request: " + why}
@@ -161,11 +190,7 @@ func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, cre
 			clone.Header[http.CanonicalHeaderKey(h)] = vals
 		}
 	}
-	s3 := strings.HasPrefix(sig.service, "s3")
-	signer := v4.NewSigner(func(o *v4.SignerOptions) {
-		o.DisableURIPathEscaping = s3 // S3 signs the path as sent
-		o.DisableHeaderHoisting = true
-	})
+	s3 := strings.HasPrefix(sig.service, "s3") // S3 signs the path as sent
 	if sig.presigned {
 		return true, presignAgain(r, clone, signer, sig, creds, s3)
 	}
@@ -177,7 +202,7 @@ func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, cre
 		payload = hex.EncodeToString(sum[:])
 		clone.ContentLength = r.ContentLength
 	}
-	if err := signer.SignHTTP(context.Background(), creds, clone, payload, sig.service, sig.region, sig.date); err != nil {
+	if err := signer.Sign(r.Context(), clone, SigV4{Credentials: creds, PayloadHash: payload, Service: sig.service, Region: sig.region, Time: sig.date, PathAsSent: s3}); err != nil {
 		return false, fmt.Errorf("vault: re-signing an AWS request: %w", err)
 	}
 	r.Header.Set("Authorization", clone.Header.Get("Authorization"))
@@ -188,7 +213,7 @@ func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, cre
 
 // presignAgain replaces the presigned query of r with one signed by
 // creds, keeping its signing time and expiry.
-func presignAgain(r, clone *http.Request, signer *v4.Signer, sig sigV4, creds aws.Credentials, s3 bool) error {
+func presignAgain(r, clone *http.Request, signer SigV4Signer, sig sigV4, creds AWSCredentials, s3 bool) error {
 	q := clone.URL.Query()
 	for _, k := range []string{"X-Amz-Algorithm", "X-Amz-Credential", "X-Amz-Date", "X-Amz-SignedHeaders", "X-Amz-Signature", "X-Amz-Security-Token"} {
 		q.Del(k)
@@ -202,7 +227,7 @@ func presignAgain(r, clone *http.Request, signer *v4.Signer, sig sigV4, creds aw
 	default:
 		payload = hex.EncodeToString(sha256.New().Sum(nil)) // an empty body
 	}
-	signedURL, _, err := signer.PresignHTTP(context.Background(), creds, clone, payload, sig.service, sig.region, sig.date)
+	signedURL, err := signer.Presign(r.Context(), clone, SigV4{Credentials: creds, PayloadHash: payload, Service: sig.service, Region: sig.region, Time: sig.date, PathAsSent: s3})
 	if err != nil {
 		return fmt.Errorf("vault: re-signing a presigned AWS request: %w", err)
 	}
@@ -217,7 +242,7 @@ func presignAgain(r, clone *http.Request, signer *v4.Signer, sig sigV4, creds aw
 
 // setSessionToken sends the real credentials' session token, or none: a
 // placeholder token the sandbox sent never leaves.
-func setSessionToken(h http.Header, creds aws.Credentials) {
+func setSessionToken(h http.Header, creds AWSCredentials) {
 	if creds.SessionToken != "" {
 		h.Set("X-Amz-Security-Token", creds.SessionToken)
 	} else {

@@ -24,7 +24,8 @@
 // its access key ID, secret key and session token (Environment sets all
 // three), and Inject re-signs a request signed with it (Authorization
 // header or presigned query, over the same signed headers and time, with
-// AWS's own SigV4 signer); a request signed with any other key, or with
+// the Config's SigV4Signer: awssig.Signer, AWS's own; none refuses); a
+// request signed with any other key, or with
 // signed chunks the gateway cannot re-sign, is refused. GitHubApp rules
 // hold a GitHub App's key: the gateway mints installation tokens with it
 // (through the client SetTokenClient gives, the gateway's own guarded
@@ -55,7 +56,7 @@
 //	a, err := v.Attach("agent-1", "github", "GITHUB_TOKEN") // a.Placeholder goes in the sandbox
 //	used, err := v.Inject("agent-1", outgoingRequest)       // at the gateway, in mitm
 //
-// vault imports the standard library, golang.org/x and AWS's SigV4
-// signer (aws-sdk-go-v2 and smithy-go); it knows nothing of TLS
-// interception (mitm calls Inject).
+// vault imports the standard library and golang.org/x only (the AWS SDK
+// comes with vault/awssig, for those who re-sign AWS requests); it knows
+// nothing of TLS interception (mitm calls Inject).
 package vault

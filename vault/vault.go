@@ -52,6 +52,9 @@ type Config struct {
 	PlaceholderPrefix string
 	// Now returns the time; nil means time.Now.
 	Now func() time.Time
+	// SigV4 re-signs the requests of AWSSigV4 secrets (awssig.Signer);
+	// nil refuses them.
+	SigV4 SigV4Signer
 }
 
 // Vault stores secrets sealed at rest and injects them into requests.

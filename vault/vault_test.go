@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -534,4 +535,21 @@ func TestOpenRefusesAPlaceholderKey(t *testing.T) {
 	other, err := NewKey()
 	require.NoError(t, err)
 	assert.NotEqual(t, key, other, "NewKey is random")
+}
+
+// TestAWSWithoutSignerRefused: a vault with no SigV4Signer refuses to
+// send an AWSSigV4 secret's request rather than send it as signed.
+func TestAWSWithoutSignerRefused(t *testing.T) {
+	v, _ := newVault(t)
+	require.NoError(t, v.Set(Secret{Name: "aws", Rule: Rule{Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4}}, []byte("AKIAREAL:real-secret")))
+	a, err := v.Attach("a1", "aws", "AWS_ACCESS_KEY_ID")
+	require.NoError(t, err)
+	now := time.Now().UTC()
+	r := newRequest(t, "https://s3.amazonaws.com/bucket", http.Header{
+		"Authorization": {"AWS4-HMAC-SHA256 Credential=" + a.Placeholder + "/" + now.Format("20060102") + "/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature=00"},
+		"X-Amz-Date":    {now.Format(awsTimeFormat)},
+	})
+	_, err = v.Inject("a1", r)
+	assert.ErrorIs(t, err, ErrNoSigV4Signer)
+	assert.Contains(t, r.Header.Get("Authorization"), a.Placeholder, "the request was changed")
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/agenthold/egress/tproxy"
 	"github.com/agenthold/egress/tproxy/nftrules"
 	"github.com/agenthold/egress/vault"
+	"github.com/agenthold/egress/vault/awssig"
 )
 
 // server is agenthold's egress gateway: every building block, composed.
@@ -155,7 +156,7 @@ func (s *server) openVault() error {
 	if err != nil {
 		return err
 	}
-	s.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}, key, vault.Config{PlaceholderPrefix: "agenthold"})
+	s.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}, key, vault.Config{PlaceholderPrefix: "agenthold", SigV4: awssig.Signer{}})
 	return err
 }
 

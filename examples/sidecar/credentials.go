@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/vault"
+	"github.com/agenthold/egress/vault/awssig"
 )
 
 // Credential is one entry of the credentials file the control plane
@@ -66,7 +67,7 @@ func loadCredentials(path string) (*vault.Vault, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{PlaceholderPrefix: "sidecar"})
+	v, err := vault.Open(&vault.MemoryStorage{}, key, vault.Config{PlaceholderPrefix: "sidecar", SigV4: awssig.Signer{}})
 	clear(key)
 	if err != nil {
 		return nil, 0, err

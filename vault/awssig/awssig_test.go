@@ -1,4 +1,4 @@
-package vault
+package awssig_test
 
 import (
 	"bytes"
@@ -17,20 +17,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/internal/testkit"
+	"github.com/agenthold/egress/vault"
+	"github.com/agenthold/egress/vault/awssig"
 )
 
 var realAWS = aws.Credentials{AccessKeyID: "AKIAREALKEYID0000001", SecretAccessKey: "real/secret+access+key+0000000000000000", SessionToken: "real-session-token-FwoGZXIvYXdzEJr"}
 
 // awsVault holds an aws-sigv4 secret for *.amazonaws.com attached to a1,
 // and returns a1's placeholder.
-func awsVault(t testing.TB, creds aws.Credentials) (*Vault, string) {
-	v, err := Open(&MemoryStorage{}, testKey(1), Config{PlaceholderPrefix: "agenthold"})
+func awsVault(t testing.TB, creds aws.Credentials) (*vault.Vault, string) {
+	v, err := vault.Open(&vault.MemoryStorage{}, bytes.Repeat([]byte{1}, vault.KeySize), vault.Config{PlaceholderPrefix: "agenthold", SigV4: awssig.Signer{}})
 	require.NoError(t, err)
 	value := creds.AccessKeyID + ":" + creds.SecretAccessKey
 	if creds.SessionToken != "" {
 		value += ":" + creds.SessionToken
 	}
-	require.NoError(t, v.Set(Secret{Name: "aws", Rule: Rule{Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4}}, []byte(value)))
+	require.NoError(t, v.Set(vault.Secret{Name: "aws", Rule: vault.Rule{Hosts: []string{"*.amazonaws.com"}, Mode: vault.AWSSigV4}}, []byte(value)))
 	a, err := v.Attach("a1", "aws", "AWS_ACCESS_KEY_ID")
 	require.NoError(t, err)
 	return v, a.Placeholder
@@ -52,6 +54,17 @@ func sandboxSigned(t testing.TB, ph, method, rawURL string, body []byte, header 
 	signer := v4.NewSigner(func(o *v4.SignerOptions) { o.DisableURIPathEscaping = service == "s3" })
 	fake := aws.Credentials{AccessKeyID: ph, SecretAccessKey: ph, SessionToken: ph}
 	require.NoError(t, signer.SignHTTP(context.Background(), fake, r, payload, service, "us-east-1", time.Now()))
+	return r
+}
+
+// request is a GET of rawURL with header, as the gateway hands it to
+// Inject.
+func request(t testing.TB, rawURL string, header http.Header) *http.Request {
+	r, err := http.NewRequest("GET", rawURL, nil)
+	require.NoError(t, err)
+	for k, v := range header {
+		r.Header[k] = v
+	}
 	return r
 }
 
@@ -92,7 +105,7 @@ func TestAWSResign(t *testing.T) {
 		fake := aws.Credentials{AccessKeyID: ph, SecretAccessKey: ph}
 		signed, _, err := v4.NewSigner(func(o *v4.SignerOptions) { o.DisableURIPathEscaping = true }).PresignHTTP(context.Background(), fake, r, "UNSIGNED-PAYLOAD", "s3", "us-east-1", time.Now())
 		require.NoError(t, err)
-		r = newRequest(t, signed, nil)
+		r = request(t, signed, nil)
 		_, err = v.Inject("a1", r)
 		require.NoError(t, err)
 		assert.NoError(t, testkit.VerifySigV4(r, nil, realAWS, time.Now()))
@@ -100,7 +113,7 @@ func TestAWSResign(t *testing.T) {
 		assert.NotContains(t, r.URL.RawQuery, ph, "the placeholder went out")
 	})
 	t.Run("an unsigned request is left alone", func(t *testing.T) {
-		r := newRequest(t, "https://public.s3.amazonaws.com/object", nil)
+		r := request(t, "https://public.s3.amazonaws.com/object", nil)
 		used, err := v.Inject("a1", r)
 		require.NoError(t, err)
 		assert.Empty(t, used)
@@ -122,19 +135,19 @@ func TestAWSRefusals(t *testing.T) {
 	v, ph := awsVault(t, realAWS)
 	other := sandboxSigned(t, "AKIAOTHERKEY", "GET", "https://s3.amazonaws.com/", nil, nil, "s3")
 	chunks := sandboxSigned(t, ph, "PUT", "https://bucket.s3.amazonaws.com/k", nil, http.Header{"X-Amz-Content-Sha256": {"STREAMING-AWS4-HMAC-SHA256-PAYLOAD"}}, "s3")
-	sigv4a := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-ECDSA-P256-SHA256 Credential=" + ph + "/20261201/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
-	sigv2 := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS " + ph + ":c2lnbmF0dXJl"}})
-	badScope := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261201/us-east-1/s3, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
-	badDate := newRequest(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261130/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
+	sigv4a := request(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-ECDSA-P256-SHA256 Credential=" + ph + "/20261201/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
+	sigv2 := request(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS " + ph + ":c2lnbmF0dXJl"}})
+	badScope := request(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261201/us-east-1/s3, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
+	badDate := request(t, "https://s3.amazonaws.com/", http.Header{"Authorization": {"AWS4-HMAC-SHA256 Credential=" + ph + "/20261130/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00"}, "X-Amz-Date": {"20261201T000000Z"}})
 	twice := sandboxSigned(t, ph, "GET", "https://s3.amazonaws.com/?X-Amz-Credential=x", nil, nil, "s3")
-	big := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", bytes.Repeat([]byte("a"), MaxBufferedBody+1), nil, "sts")
+	big := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", bytes.Repeat([]byte("a"), vault.MaxBufferedBody+1), nil, "sts")
 	big.Header.Del("X-Amz-Content-Sha256")
 	for name, r := range map[string]*http.Request{
 		"signed with another key": other, "signed chunks": chunks, "SigV4a": sigv4a, "SigV2": sigv2,
 		"malformed scope": badScope, "scope date disagrees": badDate, "signed twice": twice, "body over the bound": big,
 	} {
 		_, err := v.Inject("a1", r)
-		var refused *RefusedError
+		var refused *vault.RefusedError
 		if assert.ErrorAs(t, err, &refused, name) {
 			assert.NotContains(t, refused.Reason, realAWS.AccessKeyID, name)
 		}
@@ -143,13 +156,14 @@ func TestAWSRefusals(t *testing.T) {
 }
 
 func TestAWSSecretValue(t *testing.T) {
-	v, _ := newVault(t)
-	rule := Rule{Hosts: []string{"*.amazonaws.com"}, Mode: AWSSigV4}
+	v, err := vault.Open(&vault.MemoryStorage{}, bytes.Repeat([]byte{1}, vault.KeySize), vault.Config{})
+	require.NoError(t, err)
+	rule := vault.Rule{Hosts: []string{"*.amazonaws.com"}, Mode: vault.AWSSigV4}
 	for _, bad := range []string{"onlyone", "a:b:c:d", "a::c", "AKIA/X:secret", "a:b c"} {
-		assert.Error(t, v.Set(Secret{Name: "aws", Rule: rule}, []byte(bad)), "value %q", bad)
+		assert.Error(t, v.Set(vault.Secret{Name: "aws", Rule: rule}, []byte(bad)), "value %q", bad)
 	}
-	assert.NoError(t, v.Set(Secret{Name: "aws", Rule: rule}, []byte("AKIA:se/cr+et")))
-	assert.Error(t, v.Set(Secret{Name: "aws2", Rule: Rule{Hosts: rule.Hosts, Mode: AWSSigV4, Header: "X-Key"}}, []byte("AKIA:secret")), "a header on an aws-sigv4 rule")
+	assert.NoError(t, v.Set(vault.Secret{Name: "aws", Rule: rule}, []byte("AKIA:se/cr+et")))
+	assert.Error(t, v.Set(vault.Secret{Name: "aws2", Rule: vault.Rule{Hosts: rule.Hosts, Mode: vault.AWSSigV4, Header: "X-Key"}}, []byte("AKIA:secret")), "a header on an aws-sigv4 rule")
 }
 
 // TestAWSRedaction: an upstream that quotes the real key ID, secret or
@@ -206,7 +220,7 @@ func TestAWSNoCredentialsForTheSandbox(t *testing.T) {
 		"CodeArtifact token":        sandboxSigned(t, ph, "POST", "https://codeartifact.us-east-1.amazonaws.com/v1/authorization-token?domain=d", nil, nil, "codeartifact"),
 	} {
 		_, err := v.Inject("a1", r)
-		var refused *RefusedError
+		var refused *vault.RefusedError
 		if assert.ErrorAs(t, err, &refused, name) {
 			assert.Contains(t, refused.Reason, "credentials of its own", name)
 		}
@@ -230,7 +244,7 @@ func TestAWSSigningTime(t *testing.T) {
 		r, _ := http.NewRequest("GET", "https://b.s3.amazonaws.com/k?X-Amz-Expires="+expires, nil)
 		u, _, err := signer.PresignHTTP(context.Background(), fake, r, "UNSIGNED-PAYLOAD", "s3", "us-east-1", at)
 		require.NoError(t, err)
-		return newRequest(t, u, nil)
+		return request(t, u, nil)
 	}
 	for name, r := range map[string]*http.Request{
 		"signed an hour ago":         old,
@@ -240,7 +254,7 @@ func TestAWSSigningTime(t *testing.T) {
 		"presigned, without expires": presign("x", time.Now()),
 	} {
 		_, err := v.Inject("a1", r)
-		var refused *RefusedError
+		var refused *vault.RefusedError
 		assert.ErrorAs(t, err, &refused, name)
 	}
 	_, err := v.Inject("a1", presign("3600", time.Now()))
@@ -253,17 +267,17 @@ func TestAWSSigningTime(t *testing.T) {
 func TestBufferedBodiesBounded(t *testing.T) {
 	v, ph := awsVault(t, realAWS)
 	var held []*http.Request
-	for i := range MaxBufferedBodiesPerAgent + 1 {
+	for i := range vault.MaxBufferedBodiesPerAgent + 1 {
 		r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity"), http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "sts")
 		_, err := v.Inject("a1", r)
-		if i < MaxBufferedBodiesPerAgent {
+		if i < vault.MaxBufferedBodiesPerAgent {
 			require.NoError(t, err, "body %d", i)
 			held = append(held, r)
 			continue
 		}
-		var refused *RefusedError
+		var refused *vault.RefusedError
 		require.ErrorAs(t, err, &refused, "the share was exceeded")
-		assert.Equal(t, ReasonBuffersBusy, refused.Reason)
+		assert.Equal(t, vault.ReasonBuffersBusy, refused.Reason)
 	}
 	held[0].Body.Close() // sent: its share comes back
 	r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity"), http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "sts")
@@ -277,11 +291,11 @@ func TestBufferedBodiesBounded(t *testing.T) {
 func TestRefusedInjectionGivesItsBufferBack(t *testing.T) {
 	v, ph := awsVault(t, realAWS)
 	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
-	for i := range 3 * MaxBufferedBodiesPerAgent {
+	for i := range 3 * vault.MaxBufferedBodiesPerAgent {
 		r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetSessionToken"), form, "sts")
 		_, err := v.Inject("a1", r)
-		var refused *RefusedError
+		var refused *vault.RefusedError
 		require.ErrorAs(t, err, &refused, "request %d", i)
-		assert.NotEqual(t, ReasonBuffersBusy, refused.Reason, "request %d: the share was used up by refusals", i)
+		assert.NotEqual(t, vault.ReasonBuffersBusy, refused.Reason, "request %d: the share was used up by refusals", i)
 	}
 }
