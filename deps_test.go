@@ -15,7 +15,7 @@ const module = "github.com/agenthold/egress"
 // in-module imports it may have beyond the standard library and
 // golang.org/x. The leaves import nothing else.
 var allowedDeps = map[string][]string{
-	"netguard":  nil,
+	"netguard":  {module + "/internal/prefixmap"},
 	"egresslog": nil,
 	"vault":     {module + "/internal/hostname", module + "/internal/redact", module + "/internal/budget"},
 	// AWS's own SigV4 signer for vault's AWSSigV4 mode: apart, so that
@@ -27,6 +27,7 @@ var allowedDeps = map[string][]string{
 	"policy/policyfile": {module + "/policy", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
 	// Shared plumbing: what two building blocks need, with one owner.
 	"internal/hostname":  nil,
+	"internal/prefixmap": nil,
 	"internal/httpmeter": nil,
 	"internal/httpfwd":   {module + "/netguard"},
 	"internal/serving":   nil,

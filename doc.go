@@ -6,7 +6,8 @@
 // Seven packages each do one job:
 //
 //   - netguard classifies every address (public, private, never) and guards
-//     every dial at connect time. Leaf: standard library only.
+//     every dial at connect time. Leaf: standard library only (with the
+//     module's internal address table).
 //   - policy compiles allow entries into an immutable matcher and answers
 //     "may this agent reach NAME or ADDR on PORT?" with a reason; it loads
 //     and watches policy files, fail-closed at every step. Uses netguard.

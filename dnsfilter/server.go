@@ -186,8 +186,8 @@ func (s *Server) Names(agent string, addr netip.Addr) []string {
 	return s.mem.names(agent, addr, time.Now())
 }
 
-// ForgetAgent drops what the server remembers for an agent.
-func (s *Server) ForgetAgent(agent string) {
+// Forget drops what the server remembers for an agent.
+func (s *Server) Forget(agent string) {
 	s.init()
 	s.mem.forgetAgent(agent)
 	s.tunnel.forget(agent)

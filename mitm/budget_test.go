@@ -301,3 +301,20 @@ func TestDoHRequestsRefused(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// TestForgetDropsTheAgentsPool: Forget closes an agent's idle upstream
+// connections and drops its pool; the agent, if it comes back, gets a
+// new one.
+func TestForgetDropsTheAgentsPool(t *testing.T) {
+	r := newRig(t)
+	c := r.client(r.addr, false)
+	resp, body := r.get(c, "https://api.test/", nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	_, pooled := r.ic.perAgent.Load("a1")
+	require.True(t, pooled, "no pool for the agent after a request")
+	r.ic.Forget("a1")
+	_, pooled = r.ic.perAgent.Load("a1")
+	assert.False(t, pooled, "the agent's pool outlived Forget")
+	resp, body = r.get(c, "https://api.test/", nil)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+}

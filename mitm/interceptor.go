@@ -214,6 +214,16 @@ func (i *Interceptor) CloseIdleConnections() {
 	})
 }
 
+// Forget drops an agent's pool of upstream connections, closing those
+// that are idle. Call it with tproxy's Forget when an agent is removed:
+// that ends the agent's intercepted connections, and with them the
+// requests still using its pool.
+func (i *Interceptor) Forget(agent string) {
+	if ts, ok := i.perAgent.LoadAndDelete(agent); ok {
+		ts.(*httpfwd.Transports).CloseIdleConnections()
+	}
+}
+
 // connInfo is what Intercept knows of a connection, for each request.
 type connInfo struct {
 	agent   string

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+
+	"github.com/agenthold/egress/internal/prefixmap"
 )
 
 // Tier is how far an address may be trusted as a destination. The zero Tier
@@ -79,12 +81,12 @@ type Config struct {
 // Guard classifies addresses and guards dials. The zero Guard uses the
 // built-in classification only. A Guard is safe for concurrent use.
 type Guard struct {
-	table *PrefixMap[class]                // nil means builtinTable()
-	own   atomic.Pointer[PrefixMap[class]] // the gateway's own addresses
+	table *prefixmap.Map[class]                // nil means builtinTable()
+	own   atomic.Pointer[prefixmap.Map[class]] // the gateway's own addresses
 }
 
-var builtinTable = sync.OnceValue(func() *PrefixMap[class] {
-	return NewPrefixMap(builtinEntries(), mergeClass)
+var builtinTable = sync.OnceValue(func() *prefixmap.Map[class] {
+	return prefixmap.New(builtinEntries(), mergeClass)
 })
 
 // New returns a Guard with the operator's additions.
@@ -94,29 +96,29 @@ func New(cfg Config) (*Guard, error) {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("netguard: invalid public prefix %q", p)
 		}
-		entries = append(entries, PrefixEntry[class]{p, class{Class{Public, "declared public by the operator, " + p.String()}, false}})
+		entries = append(entries, prefixmap.Entry[class]{Prefix: p, Value: class{Class{Public, "declared public by the operator, " + p.String()}, false}})
 	}
 	for _, p := range cfg.Never {
 		if !p.IsValid() {
 			return nil, fmt.Errorf("netguard: invalid never prefix %q", p)
 		}
-		entries = append(entries, PrefixEntry[class]{p, class{Class{Never, "declared never by the operator, " + p.String()}, true}})
+		entries = append(entries, prefixmap.Entry[class]{Prefix: p, Value: class{Class{Never, "declared never by the operator, " + p.String()}, true}})
 	}
-	return &Guard{table: NewPrefixMap(entries, mergeClass)}, nil
+	return &Guard{table: prefixmap.New(entries, mergeClass)}, nil
 }
 
 // SetOwn replaces the set of the gateway's own addresses, which are never
 // dialled so that the gateway never connects to itself. Call it again when
 // interfaces change; [LocalPrefixes] lists the host's.
 func (g *Guard) SetOwn(own []netip.Prefix) {
-	entries := make([]PrefixEntry[class], 0, len(own))
+	entries := make([]prefixmap.Entry[class], 0, len(own))
 	for _, p := range own {
-		entries = append(entries, PrefixEntry[class]{p, class{Class{Never, "the gateway's own address, " + p.String()}, true}})
+		entries = append(entries, prefixmap.Entry[class]{Prefix: p, Value: class{Class{Never, "the gateway's own address, " + p.String()}, true}})
 	}
-	g.own.Store(NewPrefixMap(entries, nil))
+	g.own.Store(prefixmap.New(entries, nil))
 }
 
-func (g *Guard) lookupTable() *PrefixMap[class] {
+func (g *Guard) lookupTable() *prefixmap.Map[class] {
 	if g == nil || g.table == nil {
 		return builtinTable()
 	}

@@ -1,6 +1,10 @@
 package netguard
 
-import "net/netip"
+import (
+	"net/netip"
+
+	"github.com/agenthold/egress/internal/prefixmap"
+)
 
 // block is one row of the built-in classification: a prefix, its tier, and
 // what it is.
@@ -90,12 +94,12 @@ var metadata = []block{
 }
 
 // builtinEntries turns the tables above into map entries.
-func builtinEntries() []PrefixEntry[class] {
-	var out []PrefixEntry[class]
+func builtinEntries() []prefixmap.Entry[class] {
+	var out []prefixmap.Entry[class]
 	add := func(rows []block, hard bool) {
 		for _, r := range rows {
 			p := netip.MustParsePrefix(r.prefix)
-			out = append(out, PrefixEntry[class]{p, class{Class{r.tier, r.what + ", " + r.prefix}, hard}})
+			out = append(out, prefixmap.Entry[class]{Prefix: p, Value: class{Class{r.tier, r.what + ", " + r.prefix}, hard}})
 		}
 	}
 	add(registry, false)

@@ -41,7 +41,8 @@
 // unknown key denies everything; enforce: false denies everything; a
 // watched file that goes bad after a good load denies everything rather
 // than keeping the old policy. Matching needs no YAML and no file
-// watcher: this package imports only the standard library and netguard.
+// watcher: this package imports only the standard library, golang.org/x
+// and netguard.
 //
 // Typical use (ExampleNew runs it; policyfile's ExampleWatch a file):
 //

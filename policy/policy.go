@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/agenthold/egress/internal/hostname"
+	"github.com/agenthold/egress/internal/prefixmap"
 	"github.com/agenthold/egress/netguard"
 )
 
@@ -148,8 +149,8 @@ type nameRules struct {
 // ruleSet is the address and "*" entries of one kind, allow or deny.
 type ruleSet struct {
 	any      []rule // "*" entries
-	prefixes *netguard.PrefixMap[[]rule]
-	pending  []netguard.PrefixEntry[[]rule] // while compiling
+	prefixes *prefixmap.Map[[]rule]
+	pending  []prefixmap.Entry[[]rule] // while compiling
 }
 
 // add indexes an entry: names in p.names, the rest in the ruleSet of
@@ -179,7 +180,7 @@ func (p *Policy) add(e entry, deny bool) {
 	case kindAny:
 		rs.any = append(rs.any, e.rule)
 	case kindPrefix:
-		rs.pending = append(rs.pending, netguard.PrefixEntry[[]rule]{Prefix: e.prefix, Value: []rule{e.rule}})
+		rs.pending = append(rs.pending, prefixmap.Entry[[]rule]{Prefix: e.prefix, Value: []rule{e.rule}})
 	}
 }
 
@@ -187,7 +188,7 @@ func (p *Policy) add(e entry, deny bool) {
 // prefix around it, the most specific first, so one lookup finds every
 // rule for an address.
 func (rs *ruleSet) seal() {
-	rs.prefixes = netguard.NewPrefixMap(rs.pending, func(outer, inner []rule) []rule {
+	rs.prefixes = prefixmap.New(rs.pending, func(outer, inner []rule) []rule {
 		return append(append(make([]rule, 0, len(inner)+len(outer)), inner...), outer...)
 	})
 	rs.pending = nil

@@ -12,7 +12,7 @@ import (
 // its agent's policy came to refuse its destination.
 const ReasonPolicyChanged = "policy changed: "
 
-// agentConn is one of an agent's client connections, as CloseAgent and
+// agentConn is one of an agent's client connections, as Forget and
 // Rejudge find it.
 type agentConn struct {
 	conn net.Conn
@@ -52,7 +52,7 @@ func (set *connSet) snapshot() []*agentConn {
 	return out
 }
 
-// trackAgentConn remembers c as one of agent's, for CloseAgent and
+// trackAgentConn remembers c as one of agent's, for Forget and
 // Rejudge, until untrack is called.
 func (p *Proxy) trackAgentConn(agent string, c net.Conn) (ac *agentConn, untrack func()) {
 	v, ok := p.agentConns.Load(agent)
@@ -71,11 +71,11 @@ func (p *Proxy) trackAgentConn(agent string, c net.Conn) (ac *agentConn, untrack
 	}
 }
 
-// CloseAgent closes every connection the proxy holds for agent: its
+// Forget closes every connection the proxy holds for agent: its
 // tunnels and its spliced and intercepted connections. Call it when an
 // agent is removed, or its credentials revoked: what it opened before
 // must not outlive it.
-func (p *Proxy) CloseAgent(agent string) {
+func (p *Proxy) Forget(agent string) {
 	v, ok := p.agentConns.LoadAndDelete(agent) // a removed agent's set goes with it
 	if !ok {
 		return

@@ -39,7 +39,7 @@
 // intercepted connection by the Interceptor, through a policy.Current.
 // A connection on a port where no destination could be allowed is
 // refused before its client speaks. When an agent's policy changes,
-// Proxy.Rejudge ends the spliced connections it now refuses; CloseAgent
+// Proxy.Rejudge ends the spliced connections it now refuses; Forget
 // ends all of an agent's connections.
 //
 // The redirect rules that feed the transparent proxy are in the package

@@ -356,8 +356,8 @@ func TestCloseAgent(t *testing.T) {
 	tc := w.dial(w.echoAddr)
 	tc.Write([]byte("x")) // other TCP, judged by the remembered name
 	time.Sleep(100 * time.Millisecond)
-	w.proxy.CloseAgent("nobody")
-	w.proxy.CloseAgent("a1")
+	w.proxy.Forget("nobody")
+	w.proxy.Forget("a1")
 	for name, conn := range map[string]io.Reader{"the tunnel": br, "the transparent connection": tc} {
 		done := make(chan error, 1)
 		go func() { _, err := io.ReadAll(conn); done <- err }()

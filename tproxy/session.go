@@ -122,7 +122,7 @@ type session struct {
 	// moment, which judges each request inside and a policy change.
 	pol     *policy.Policy
 	current policy.Current
-	tracked *agentConn       // for CloseAgent and Rejudge
+	tracked *agentConn       // for Forget and Rejudge
 	notes   *egresslog.Notes // what the gateway's work for it found (its lookups)
 	src     netip.AddrPort
 	dst     netip.AddrPort // original destination; for CONNECT to a name, only the port

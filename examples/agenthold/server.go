@@ -457,9 +457,10 @@ func (s *server) removeAgent(name string) error {
 	if a == nil {
 		return err
 	}
-	s.proxy.CloseAgent(name) // nothing it opened outlives it
+	s.proxy.Forget(name) // nothing it opened outlives it
+	s.ic.Forget(name)
 	if a.spec.Remote {
-		s.dns.ForgetAgent(name)
+		s.dns.Forget(name)
 		for _, at := range s.vault.Attachments(name) {
 			s.vault.Detach(name, at.Secret)
 		}
@@ -470,7 +471,7 @@ func (s *server) removeAgent(name string) error {
 	}
 	killSandboxes(a.nsPath, a.created)
 	unwire(a)
-	s.dns.ForgetAgent(name)
+	s.dns.Forget(name)
 	for _, at := range s.vault.Attachments(name) {
 		s.vault.Detach(name, at.Secret)
 	}

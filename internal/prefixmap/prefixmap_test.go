@@ -1,4 +1,4 @@
-package netguard
+package prefixmap
 
 import (
 	"math/rand/v2"
@@ -9,15 +9,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// naiveLookup is the obvious longest-prefix match that PrefixMap must agree
+// naiveLookup is the obvious longest-prefix match that Map must agree
 // with, merging values from the outermost prefix inwards.
-func naiveLookup(entries []PrefixEntry[int], merge func(outer, inner int) int, a netip.Addr) (int, bool) {
+func naiveLookup(entries []Entry[int], merge func(outer, inner int) int, a netip.Addr) (int, bool) {
 	a = a.Unmap()
-	var chain []PrefixEntry[int]
+	var chain []Entry[int]
 	for _, e := range entries {
 		p, _ := canonicalPrefix(e.Prefix)
 		if p.Contains(a) {
-			chain = append(chain, PrefixEntry[int]{p, e.Value})
+			chain = append(chain, Entry[int]{p, e.Value})
 		}
 	}
 	if len(chain) == 0 {
@@ -58,15 +58,15 @@ func TestPrefixMapMatchesNaive(t *testing.T) {
 	for name, merge := range merges {
 		t.Run(name, func(t *testing.T) {
 			for round := 0; round < 50; round++ {
-				var entries []PrefixEntry[int]
+				var entries []Entry[int]
 				for i := 0; i < 1+r.IntN(40); i++ {
 					p := randPrefix()
-					entries = append(entries, PrefixEntry[int]{p, i + 1})
+					entries = append(entries, Entry[int]{p, i + 1})
 					if r.IntN(5) == 0 { // duplicates
-						entries = append(entries, PrefixEntry[int]{p, 100 + i})
+						entries = append(entries, Entry[int]{p, 100 + i})
 					}
 				}
-				m := NewPrefixMap(entries, merge)
+				m := New(entries, merge)
 				probe := func(a netip.Addr) {
 					got, gok := m.Lookup(a)
 					want, wok := naiveLookup(entries, merge, a)
@@ -93,7 +93,7 @@ func TestPrefixMapMatchesNaive(t *testing.T) {
 }
 
 func TestPrefixMapEdges(t *testing.T) {
-	m := NewPrefixMap([]PrefixEntry[string]{
+	m := New([]Entry[string]{
 		{netip.MustParsePrefix("::/0"), "all6"},
 		{netip.MustParsePrefix("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"), "max"},
 		{netip.MustParsePrefix("::/128"), "min"},
@@ -111,7 +111,7 @@ func TestPrefixMapEdges(t *testing.T) {
 		assert.True(t, ok, "Lookup(%s) found nothing", tt.addr)
 		assert.Equal(t, tt.want, got, "Lookup(%s)", tt.addr)
 	}
-	var empty *PrefixMap[int]
+	var empty *Map[int]
 	_, ok := empty.Lookup(netip.MustParseAddr("1.1.1.1"))
 	assert.False(t, ok, "nil map found a value")
 	_, ok = m.Lookup(netip.Addr{})

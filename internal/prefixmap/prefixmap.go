@@ -1,4 +1,7 @@
-package netguard
+// Package prefixmap maps addresses to the value of the most specific
+// prefix that holds them, in logarithmic time: the table behind
+// netguard's classification and policy's address entries.
+package prefixmap
 
 import (
 	"encoding/binary"
@@ -6,20 +9,20 @@ import (
 	"slices"
 )
 
-// PrefixEntry is one prefix and its value, an input to [NewPrefixMap].
-type PrefixEntry[V any] struct {
+// Entry is one prefix and its value, an input to [New].
+type Entry[V any] struct {
 	Prefix netip.Prefix
 	Value  V
 }
 
-// PrefixMap maps addresses to the value of the most specific prefix that
+// Map maps addresses to the value of the most specific prefix that
 // contains them. It is built once and read without locks; a lookup is a
 // binary search over non-overlapping ranges, so its cost grows with the
 // logarithm of the number of prefixes and allocates nothing.
 //
 // IPv4 prefixes and IPv4-mapped IPv6 prefixes are the same key space:
 // ::ffff:10.0.0.0/104 and 10.0.0.0/8 are one prefix. Zones are ignored.
-type PrefixMap[V any] struct {
+type Map[V any] struct {
 	starts []u128    // sorted; starts[i] begins the range that ends before starts[i+1]
 	values []slot[V] // the value of each range
 }
@@ -29,11 +32,11 @@ type slot[V any] struct {
 	ok    bool
 }
 
-// NewPrefixMap builds a map from entries. Where one prefix lies inside
+// New builds a map from entries. Where one prefix lies inside
 // another (or equals it), the inner prefix's value is merge(outer, inner);
 // for equal prefixes, the one given first is the outer. A nil merge means the
 // inner value wins. Invalid prefixes are skipped; callers validate first.
-func NewPrefixMap[V any](entries []PrefixEntry[V], merge func(outer, inner V) V) *PrefixMap[V] {
+func New[V any](entries []Entry[V], merge func(outer, inner V) V) *Map[V] {
 	if merge == nil {
 		merge = func(_, inner V) V { return inner }
 	}
@@ -62,7 +65,7 @@ func NewPrefixMap[V any](entries []PrefixEntry[V], merge func(outer, inner V) V)
 		return a.bits - b.bits
 	})
 
-	m := &PrefixMap[V]{}
+	m := &Map[V]{}
 	emit := func(start u128, s slot[V]) {
 		if n := len(m.starts); n > 0 && m.starts[n-1] == start {
 			m.values[n-1] = s
@@ -109,7 +112,7 @@ func NewPrefixMap[V any](entries []PrefixEntry[V], merge func(outer, inner V) V)
 }
 
 // Lookup returns the value of the most specific prefix containing a.
-func (m *PrefixMap[V]) Lookup(a netip.Addr) (V, bool) {
+func (m *Map[V]) Lookup(a netip.Addr) (V, bool) {
 	var zero V
 	if m == nil || !a.IsValid() {
 		return zero, false
@@ -134,7 +137,7 @@ func (m *PrefixMap[V]) Lookup(a netip.Addr) (V, bool) {
 
 // Len reports the number of ranges the map holds (at most twice the number
 // of prefixes plus one), a measure of its memory.
-func (m *PrefixMap[V]) Len() int {
+func (m *Map[V]) Len() int {
 	if m == nil {
 		return 0
 	}
