@@ -9,8 +9,9 @@
 //     every dial at connect time. Leaf: standard library only (with the
 //     module's internal address table).
 //   - policy compiles allow entries into an immutable matcher and answers
-//     "may this agent reach NAME or ADDR on PORT?" with a reason; it loads
-//     and watches policy files, fail-closed at every step. Uses netguard.
+//     "may this agent reach NAME or ADDR on PORT?" with a reason. Uses
+//     netguard. policy/policyfile loads and watches policy files,
+//     fail-closed at every step.
 //   - egresslog records every DNS query, connection and HTTP request per
 //     agent, in bounded rings and in sinks. Leaf.
 //   - dnsfilter is the sandboxes' DNS server: names the policy denies get
@@ -24,7 +25,8 @@
 //     leaves from its own CA, and injects through an interface its caller
 //     supplies.
 //   - vault keeps secrets encrypted at rest and implements that injector:
-//     the sandbox holds placeholders, never values. Leaf.
+//     the sandbox holds placeholders, never values. Leaf; vault/awssig
+//     adds AWS's own SigV4 signer for the AWS mode.
 //
 // # One place per guarantee
 //
