@@ -208,7 +208,8 @@ func TestTCPConnectionsBoundedPerSource(t *testing.T) {
 		require.NoError(t, err)
 		defer c.Close()
 	}
-	time.Sleep(100 * time.Millisecond) // the server has accepted them
+	// The server accepts in the order the kernel queued the connections:
+	// those above are counted before this one is.
 	c, err := net.Dial("tcp", w.addr)
 	if err == nil {
 		defer c.Close()

@@ -346,16 +346,19 @@ func TestDoHOverPlainHTTPRefused(t *testing.T) {
 	}
 }
 
-// TestCloseAgent: an agent's open tunnels and transparent connections end
-// when the agent is closed; another agent's do not.
-func TestCloseAgent(t *testing.T) {
+// TestForget: an agent's open tunnels and transparent connections end
+// when the agent is forgotten; another agent's do not.
+func TestForget(t *testing.T) {
 	w := newWorld(t, []string{"api.test:*"}, nil)
 	c, br, resp := w.connectTo(fmt.Sprintf("api.test:%d", w.echoAddr.Port()))
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	w.setNames("api.test")
 	tc := w.dial(w.echoAddr)
 	tc.Write([]byte("x")) // other TCP, judged by the remembered name
-	time.Sleep(100 * time.Millisecond)
+	require.Eventually(t, func() bool {
+		v, ok := w.proxy.agentConns.Load("a1")
+		return ok && len(v.(*connSet).snapshot()) == 2
+	}, 5*time.Second, 10*time.Millisecond, "the tunnel and the transparent connection are not both held")
 	w.proxy.Forget("nobody")
 	w.proxy.Forget("a1")
 	for name, conn := range map[string]io.Reader{"the tunnel": br, "the transparent connection": tc} {

@@ -78,7 +78,7 @@ func TestNoisyNeighbour(t *testing.T) {
 	sampling := gw.sample(ctx)
 	h := &hostile{ns: bob, gatewayCA: gatewayCA, explicit: explicit}
 	attacking := h.start(ctx)
-	time.Sleep(3 * time.Second) // the floods reach their caps
+	require.Eventually(t, h.underWay, 20*time.Second, 50*time.Millisecond, "the floods did not get under way: %s", h.summary())
 	attacked := v.run(t, 10*time.Second)
 	cancel()
 	attacking.Wait()
@@ -251,6 +251,13 @@ func (h *hostile) summary() string {
 		h.dnsSent.Load(), h.dnsAnswered.Load(), h.dnsRefused.Load(), h.streamsOpened.Load(), h.streamsRefused.Load(),
 		h.connsOpened.Load(), h.connsRefused.Load(), h.explicitSent.Load(), h.explicitOK.Load(), h.explicitDenied.Load(),
 		h.connectSent.Load(), h.connectRefused.Load())
+}
+
+// underWay reports whether every flood has begun and the DNS flood has
+// met its quota: the attack is on.
+func (h *hostile) underWay() bool {
+	return h.dnsRefused.Load() > 0 && h.streamsOpened.Load() > 0 && h.connsOpened.Load() > 0 &&
+		h.explicitSent.Load() > 0 && h.connectSent.Load() > 0
 }
 
 // start runs the floods until ctx ends; each is bounded in count too.
