@@ -62,8 +62,8 @@ func TestExplicitRequestsCountAsConnections(t *testing.T) {
 			statuses <- string(line)
 		}()
 	}
-	require.Eventually(t, func() bool { return len(statuses) == 8 }, 5*time.Second, 10*time.Millisecond, "requests over the cap are refused at once")
-	assert.EqualValues(t, 2, upstream.Load(), "two requests in flight upstream")
+	require.Eventually(t, func() bool { return len(statuses) == 8 && upstream.Load() == 2 },
+		5*time.Second, 10*time.Millisecond, "two requests in flight upstream, the eight over the cap refused while they are held")
 	close(release)
 	wg.Wait()
 	close(statuses)
