@@ -30,12 +30,13 @@ demo: deps build
 
 # Every test: the unit and kernel tests; the noisy-neighbour and spoofed-flood load tests,
 # without the race detector, whose figures it reports; the Kubernetes
-# manifests against the API types (a module of its own); then the
-# end-to-end check against a dev stack.
+# manifests against the API types and each block adopted alone (modules
+# of their own); then the end-to-end check against a dev stack.
 test: deps
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -timeout 5m -run '^(TestNoisyNeighbour|TestSpoofedDNSFlood)$$' -v ./examples/agenthold
 	cd examples/deploycheck && $(GO) test -count=1 ./...
+	cd examples/adopt && $(GO) test -count=1 ./...
 	$(MAKE) e2e
 
 # The seed's milestone check: start the dev stack, check it, stop it.

@@ -25,15 +25,16 @@ var allowedDeps = map[string][]string{
 	// Reading and watching policy files: apart, so that matching links
 	// neither YAML nor a file watcher.
 	"policy/policyfile": {module + "/policy", "github.com/fsnotify/fsnotify", "go.yaml.in/yaml/v3"},
+	// Egress records as policy observations, for suggestions: where the
+	// log and the policy meet, so that neither imports the other.
+	"policy/learn": {module + "/policy", module + "/egresslog"},
 	// Shared plumbing: what two building blocks need, with one owner.
 	"internal/hostname":  nil,
 	"internal/prefixmap": nil,
 	"internal/httpmeter": nil,
 	"internal/httpfwd":   {module + "/netguard"},
-	"internal/serving":   nil,
 	"internal/redact":    nil,
 	"internal/budget":    nil,
-	"internal/observe":   {module + "/egresslog", module + "/policy", "github.com/miekg/dns"},
 	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", "github.com/miekg/dns"},
 	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.
@@ -95,4 +96,28 @@ func allowedPrefix(dep string, allowed []string) bool {
 		}
 	}
 	return false
+}
+
+// TestInternalComposesNothing: internal/ is one floor of leaf helpers
+// the blocks share; what composes the blocks is the blocks' public API or
+// the programs'. So no internal package imports a block that judges
+// traffic, and no example program (what a user copies) imports internal/.
+func TestInternalComposesNothing(t *testing.T) {
+	blocks := []string{"/policy", "/dnsfilter", "/tproxy", "/mitm"}
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./internal/...").Output()
+	require.NoError(t, err, "go list")
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, " ")
+		for _, imp := range strings.Fields(imports) {
+			for _, b := range blocks {
+				assert.False(t, imp == module+b || strings.HasPrefix(imp, module+b+"/"), "%s imports %s", pkg, imp)
+			}
+		}
+	}
+	out, err = exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./examples/...").Output()
+	require.NoError(t, err, "go list")
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, " ")
+		assert.NotContains(t, imports, module+"/internal/", "%s (an example a user copies) imports internal/", pkg)
+	}
 }

@@ -148,7 +148,6 @@ func TestFloodKeepsEarlierDenial(t *testing.T) {
 		clk.Advance(t0.Add(time.Duration(s+1)*time.Second + 100*time.Millisecond).Sub(clk.Now()))
 	}
 	require.NoError(t, l.Shutdown(t.Context()))
-	require.NoError(t, sink.Close())
 
 	denied := l.List(Filter{Agent: "a", DeniedOnly: true}, 0)
 	require.NotEmpty(t, denied)
@@ -332,7 +331,6 @@ func TestSummaryOnShutdown(t *testing.T) {
 	}
 	require.Equal(t, 1, clk.pending(), "the second's timer")
 	require.NoError(t, l.Shutdown(t.Context()))
-	require.NoError(t, sink.Close())
 	assert.Zero(t, clk.pending(), "Shutdown left the timer")
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)

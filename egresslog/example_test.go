@@ -67,8 +67,7 @@ func ExampleJSONFile() {
 	for range 200 {
 		l.Record(egresslog.Record{Time: t, Agent: "a1", Kind: egresslog.KindTLS, Host: "api.github.com", Port: 443, Allowed: true})
 	}
-	l.Shutdown(context.Background())
-	sink.Close()
+	l.Shutdown(context.Background()) // writes out and closes the file
 
 	names, _ := filepath.Glob(path + "*")
 	for _, name := range names {

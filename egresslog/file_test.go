@@ -5,7 +5,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -218,8 +220,7 @@ func TestJSONFileThroughLog(t *testing.T) {
 	for i := range 1000 {
 		l.Record(Record{Agent: "a", Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Port: 443, Allowed: true, Reason: "allowed by rule"})
 	}
-	require.NoError(t, l.Shutdown(t.Context()))
-	require.NoError(t, s.Close())
+	require.NoError(t, l.Shutdown(t.Context())) // closes the file too
 	var total int
 	for _, name := range []string{path + ".2", path + ".1", path} {
 		fi, err := os.Stat(name)
@@ -228,4 +229,52 @@ func TestJSONFileThroughLog(t *testing.T) {
 		total += len(readRecords(t, name))
 	}
 	assert.Positive(t, total)
+}
+
+// closingSink counts its Close calls and refuses records after one.
+type closingSink struct {
+	closed  atomic.Int32
+	late    atomic.Int32 // records written after Close
+	written atomic.Int32
+}
+
+func (c *closingSink) WriteRecord(*Record) error {
+	if c.closed.Load() > 0 {
+		c.late.Add(1)
+	}
+	c.written.Add(1)
+	return nil
+}
+func (c *closingSink) Flush() error { return nil }
+func (c *closingSink) Close() error { c.closed.Add(1); return nil }
+
+// TestLogClosesItsSinks: the Log owns its sinks. Shutdown returns once
+// they are written out and closed; Close closes them once the queue is
+// written, in the background; neither closes a sink twice or writes to
+// it after closing it.
+func TestLogClosesItsSinks(t *testing.T) {
+	for _, stop := range []struct {
+		name  string
+		stop  func(*Log) error
+		waits bool // returns once the sinks are closed
+	}{
+		{"Shutdown", func(l *Log) error { return l.Shutdown(t.Context()) }, true},
+		{"Close", (*Log).Close, false},
+	} {
+		t.Run(stop.name, func(t *testing.T) {
+			sink := &closingSink{}
+			l := &Log{Sinks: []Sink{sink}, SinkQueue: 100}
+			for i := range 50 {
+				l.Record(Record{Agent: "a", Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Port: 443, Allowed: true})
+			}
+			require.NoError(t, stop.stop(l))
+			if !stop.waits {
+				require.Eventually(t, func() bool { return sink.closed.Load() > 0 }, 5*time.Second, time.Millisecond)
+			}
+			require.NoError(t, l.Close(), "stopping again does nothing")
+			assert.EqualValues(t, 1, sink.closed.Load(), "closed once")
+			assert.EqualValues(t, 50, sink.written.Load(), "every queued record written before the close")
+			assert.Zero(t, sink.late.Load(), "nothing written after the close")
+		})
+	}
 }

@@ -62,7 +62,9 @@ type Log struct {
 	// exceed it, the agent written least recently is dropped. Zero means
 	// DefaultMaxAgents.
 	MaxAgents int
-	// Sinks receive every record, in order, from one goroutine.
+	// Sinks receive every record, in order, from one goroutine. The Log
+	// owns them: when that goroutine ends (after Shutdown or Close, once
+	// the queue is written out) it closes each sink that is an io.Closer.
 	Sinks []Sink
 	// SinkQueue is the number of records waiting for the sinks before new
 	// ones are dropped; zero means DefaultSinkQueue.

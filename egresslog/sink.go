@@ -20,9 +20,11 @@ type Sink interface {
 	Flush() error
 }
 
-// drainSinks hands queued records to every sink until Close.
+// drainSinks hands queued records to every sink until Close, then
+// closes the sinks.
 func (l *Log) drainSinks() {
 	defer close(l.sinkDone)
+	defer l.closeSinks()
 	r := new(Record) // reused: sinks must not keep the pointer
 	for *r = range l.sinkCh {
 		l.writeSinks(r)
@@ -44,6 +46,17 @@ func (l *Log) drainSinks() {
 	}
 }
 
+// closeSinks closes each sink that can be closed: the Log owns them.
+func (l *Log) closeSinks() {
+	for _, s := range l.Sinks {
+		if c, ok := s.(io.Closer); ok {
+			if err := c.Close(); err != nil {
+				l.sinkErrors.Add(1)
+			}
+		}
+	}
+}
+
 func (l *Log) writeSinks(r *Record) {
 	for _, s := range l.Sinks {
 		if err := s.WriteRecord(r); err != nil {
@@ -54,7 +67,7 @@ func (l *Log) writeSinks(r *Record) {
 
 // Shutdown emits the summaries of refusals still pending, stops
 // accepting records for the sinks, waits until the queued ones are written
-// or ctx is done, and flushes. The rings stay readable; records added
+// or ctx is done, and flushes and closes the sinks. The rings stay readable; records added
 // after Shutdown reach the rings, one by one (refusals are no longer
 // folded), but not the sinks.
 func (l *Log) Shutdown(ctx context.Context) error {
@@ -88,7 +101,7 @@ func (l *Log) Shutdown(ctx context.Context) error {
 
 // Close emits the summaries of refusals still pending and stops accepting
 // records for the sinks at once; those already queued are still written,
-// in the background. It is safe to call more
+// in the background, and the sinks then closed. It is safe to call more
 // than once, and after Shutdown.
 func (l *Log) Close() error {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -158,7 +171,8 @@ func (s *JSONSink) Flush() error {
 	return s.w.Flush()
 }
 
-// Close flushes, and closes the file if the sink opened it.
+// Close flushes, and closes the file if the sink opened it. A Log closes
+// its sinks itself; closing again does nothing.
 func (s *JSONSink) Close() error {
 	if s.file == nil {
 		return s.Flush()

@@ -29,8 +29,8 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/internal/netns"
-	"github.com/agenthold/egress/internal/readyline"
+	"github.com/agenthold/egress/examples/lifecycle"
+	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -464,7 +464,7 @@ func (w *nsWorld) startGateway(allow []string) {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	require.NoError(t, readyline.Wait(stdout, "READY", 30*time.Second), "the gateway process did not get ready")
+	require.NoError(t, lifecycle.WaitReady(stdout, "READY", 30*time.Second), "the gateway process did not get ready")
 }
 
 func (w *nsWorld) curl(args ...string) (string, error) {

@@ -24,7 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 
-	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/examples/netns"
 )
 
 // TestMain lets the test binary stand in for the agenthold binary: the

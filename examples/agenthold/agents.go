@@ -21,7 +21,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/policy"
 )
 

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -72,8 +73,13 @@ func (s *server) startAdmin() error {
 		ln.Close()
 		return err
 	}
-	s.admin = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
-	s.servers.Go("admin API", func() error { return s.admin.Serve(ln) }, http.ErrServerClosed)
+	admin := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	s.servers.Go("admin API", func() error { return admin.Serve(ln) }, http.ErrServerClosed)
+	s.servers.OnStop("admin API", func(ctx context.Context) error {
+		err := admin.Shutdown(ctx)
+		os.Remove(path) // only a server that served it removes it
+		return err
+	})
 	if s.cfg.MetricsAddr != "" {
 		mln, err := net.Listen("tcp", s.cfg.MetricsAddr)
 		if err != nil {
@@ -81,8 +87,9 @@ func (s *server) startAdmin() error {
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /metrics", s.serveMetrics)
-		s.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		s.servers.Go("metrics", func() error { return s.metrics.Serve(mln) }, http.ErrServerClosed)
+		metrics := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		s.servers.Go("metrics", func() error { return metrics.Serve(mln) }, http.ErrServerClosed)
+		s.servers.OnStop("metrics", metrics.Shutdown)
 	}
 	return nil
 }
@@ -377,7 +384,7 @@ func (s *server) readLog(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			rc.Flush()
-		case <-s.stopping: // followers do not hold up a shutdown
+		case <-s.servers.Stopping(): // followers do not hold up a shutdown
 			return
 		}
 	}

@@ -25,8 +25,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/internal/observe"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/learn"
 	"github.com/agenthold/egress/vault"
 )
 
@@ -115,11 +115,8 @@ func cmdServe(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	fmt.Println("agenthold: ready") // for scripts that wait
 	<-s.servers.Context().Done()    // SIGTERM, or a server failed
 	logger.Info("agenthold stopping: draining, then removing namespaces, links and rules")
-	drain, cancel := context.WithTimeout(context.Background(), drainTimeout)
-	defer cancel()
-	s.stop(drain)
-	if err := s.servers.Wait(); err != nil {
-		return fmt.Errorf("a server failed, so the gateway stopped: %w", err)
+	if err := s.servers.StopAndWait(drainTimeout); err != nil {
+		return fmt.Errorf("gateway stopped: %w", err)
 	}
 	return nil
 }
@@ -340,13 +337,13 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return err
 	}
-	obs, skipped, err := observe.Read(resp.Body, agent)
+	obs, skipped, err := learn.Read(resp.Body, agent)
 	resp.Body.Close()
 	if err != nil {
 		return err
 	}
 	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN})
-	observe.WriteSupport(os.Stdout, s, agent, len(obs), skipped)
+	learn.WriteSupport(os.Stdout, s, agent, len(obs), skipped)
 	next := PolicySpec{Mode: "allowlist", Allow: s.Document.Allow, AllowPrivateNetworks: current.AllowPrivateNetworks, Quotas: current.Quotas}
 	for _, e := range current.Allow {
 		if strings.HasPrefix(e, "!") {

@@ -18,8 +18,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agenthold/egress/internal/netns"
-	"github.com/agenthold/egress/internal/readyline"
+	"github.com/agenthold/egress/examples/lifecycle"
+	"github.com/agenthold/egress/examples/netns"
 )
 
 // devState is where `agenthold demo --keep` leaves word of the running
@@ -207,7 +207,7 @@ sandbox:
 	if err := w.server.Start(); err != nil {
 		return err
 	}
-	if err := readyline.Wait(stdout, "agenthold: ready", 30*time.Second); err != nil {
+	if err := lifecycle.WaitReady(stdout, "agenthold: ready", 30*time.Second); err != nil {
 		return fmt.Errorf("the server did not get ready (%v); see %s", err, filepath.Join(w.dir, "server.log"))
 	}
 	return nil

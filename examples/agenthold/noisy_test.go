@@ -32,7 +32,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
-	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/tproxy"
 )

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -25,7 +24,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/internal/serving"
+	"github.com/agenthold/egress/examples/lifecycle"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -37,28 +36,22 @@ import (
 
 // server is agenthold's egress gateway: every building block, composed.
 type server struct {
-	cfg     Config
-	log     *slog.Logger
-	pool4   netip.Prefix
-	pool6   netip.Prefix
-	agents  *agents
-	vault   *vault.Vault
-	ca      *mitm.CA
-	guard   *netguard.Guard
-	elog    *egresslog.Log
-	dns     *dnsfilter.Server
-	proxy   *tproxy.Proxy
-	ic      *mitm.Interceptor
-	rules   *nftrules.Rules
-	admin   *http.Server
-	metrics *http.Server
-	lock    *os.File
+	cfg    Config
+	log    *slog.Logger
+	pool4  netip.Prefix
+	pool6  netip.Prefix
+	agents *agents
+	vault  *vault.Vault
+	ca     *mitm.CA
+	guard  *netguard.Guard
+	elog   *egresslog.Log
+	dns    *dnsfilter.Server
+	proxy  *tproxy.Proxy
+	ic     *mitm.Interceptor
+	rules  *nftrules.Rules
 	// servers runs every server; its context ends on SIGTERM or when one
-	// fails, and serve then stops the gateway.
-	servers *serving.Group
-
-	stopping chan struct{} // closed when stop begins
-	stopOnce sync.Once
+	// fails, and serve then stops the gateway, last started first.
+	servers *lifecycle.Group
 
 	mu sync.Mutex // serialises agent changes
 }
@@ -76,20 +69,22 @@ func (s *server) nodeExtraPath() string {
 // startServer brings the gateway up: state, vault, CA, DNS, proxies,
 // rules, agents, admin API. On any error what was started is stopped.
 func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *server, err error) {
-	s = &server{cfg: cfg, log: logger, stopping: make(chan struct{}), servers: serving.New(ctx)}
+	s = &server{cfg: cfg, log: logger, servers: lifecycle.New(ctx)}
 	s.pool4 = netip.MustParsePrefix(cfg.Network.Pool4)
 	s.pool6 = netip.MustParsePrefix(cfg.Network.Pool6)
 	defer func() {
 		if err != nil {
-			s.stop(context.Background())
+			s.servers.Stop(context.Background())
 		}
 	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return s, err
 	}
-	if s.lock, err = lockDataDir(cfg.DataDir); err != nil {
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
 		return s, err
 	}
+	s.servers.OnStop("data directory lock", lifecycle.Closing(lock))
 	if err := s.openVault(); err != nil {
 		return s, err
 	}
@@ -107,7 +102,18 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 		}
 		s.elog.Sinks = append(s.elog.Sinks, sink)
 	}
+	s.servers.OnStop("egress log", s.elog.Shutdown) // closes the file too
 	s.agents = newAgents(cfg.DataDir)
+	// The rules and the agents' links go after the data plane has
+	// drained (they are registered before it starts): until its links
+	// are gone, a sandbox's packets still meet the rules.
+	s.servers.OnStop("nftables rules", func(context.Context) error {
+		if s.rules == nil {
+			return nil
+		}
+		return s.rules.Close()
+	})
+	s.servers.OnStop("agents", func(context.Context) error { return s.releaseAgents() })
 	s.warnPrivateMounts()
 	s.warnSubordinateIDs()
 
@@ -234,10 +240,12 @@ func (s *server) startDataPlane() error {
 		Agents: s.agents.lookup, Upstreams: upstreams, Guard: s.guard, Log: s.elog, Logger: s.log,
 		Tunnel: dnsfilter.TunnelDetection{Refuse: s.cfg.Egress.DNSTunnelling == "refuse"},
 	}
+	s.servers.OnStop("dns", s.dns.Shutdown)
 	s.ic = &mitm.Interceptor{
 		Leaves: &mitm.Leaves{CA: s.ca}, Claim: s.vault.Covers, Injector: s.vault,
 		Guard: s.guard, Resolver: s.dns, RootCAs: roots, Log: s.elog, Logger: s.log,
 	}
+	s.servers.OnStop("upstream pools", func(context.Context) error { s.ic.CloseIdleConnections(); return nil })
 	// GitHub App tokens are minted the way intercepted requests go out.
 	s.vault.SetTokenClient(s.ic.Client(false))
 	for _, r := range s.cfg.Egress.TokenRefresh {
@@ -248,6 +256,7 @@ func (s *server) startDataPlane() error {
 		Agents: s.agents.lookup, Identify: s.identify, Names: s.dns.Names, Guard: s.guard, Resolver: s.dns,
 		Interceptor: s.ic, Log: s.elog, Logger: s.log,
 	}
+	s.servers.OnStop("proxy", s.proxy.Shutdown)
 	port := func(p uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(p))) }
 	dnsLn, err := net.Listen("tcp", port(s.cfg.Egress.DNSPort))
 	if err != nil {
@@ -592,44 +601,20 @@ func parentOf(pid int) (int, error) {
 	return strconv.Atoi(f[1])
 }
 
-// stop drains, then removes every namespace, link and table it made.
-func (s *server) stop(ctx context.Context) {
-	s.stopOnce.Do(func() { close(s.stopping) })
-	if s.admin != nil {
-		s.admin.Shutdown(ctx)
-		os.Remove(s.cfg.adminSocket()) // only a server that served it removes it
-	}
-	if s.metrics != nil {
-		s.metrics.Shutdown(ctx)
-	}
-	if s.proxy != nil {
-		s.proxy.Shutdown(ctx)
-	}
-	if s.dns != nil {
-		s.dns.Shutdown(ctx)
-	}
-	if s.ic != nil {
-		s.ic.CloseIdleConnections()
-	}
-	if s.agents != nil {
-		for _, a := range s.agents.list() {
-			unwire(a)
-			if !a.spec.Remote {
-				if err := unmountHome(s.homeDir(a.spec.Name)); err != nil {
-					s.log.Warn("agent home", "agent", a.spec.Name, "err", err)
-				}
+// releaseAgents unwires every agent and unmounts the homes of local
+// ones, on the way down: the records stay, so the next start wires them
+// again.
+func (s *server) releaseAgents() error {
+	var errs []error
+	for _, a := range s.agents.list() {
+		unwire(a)
+		if !a.spec.Remote {
+			if err := unmountHome(s.homeDir(a.spec.Name)); err != nil {
+				errs = append(errs, fmt.Errorf("agent %s home: %w", a.spec.Name, err))
 			}
 		}
 	}
-	if s.rules != nil {
-		s.rules.Close()
-	}
-	if s.elog != nil {
-		s.elog.Shutdown(ctx)
-	}
-	if s.lock != nil {
-		s.lock.Close()
-	}
+	return errors.Join(errs...)
 }
 
 // sandboxEnv is the environment a sandbox runs with: its placeholders,

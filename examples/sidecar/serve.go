@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,7 +25,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/internal/serving"
+	"github.com/agenthold/egress/examples/lifecycle"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
@@ -147,11 +148,8 @@ func cmdServe(args []string) error {
 	}
 	fmt.Println("sidecar: ready")
 	<-sc.servers.Context().Done() // SIGTERM, or a server failed
-	drain, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sc.stop(drain)
-	if err := sc.servers.Wait(); err != nil {
-		return fmt.Errorf("a server failed, so the sidecar stopped: %w", err)
+	if err := sc.servers.StopAndWait(10 * time.Second); err != nil {
+		return fmt.Errorf("sidecar stopped: %w", err)
 	}
 	return nil
 }
@@ -165,12 +163,10 @@ type sidecar struct {
 	// starts before it: a new policy ends what it no longer allows.
 	serving  atomic.Pointer[tproxy.Proxy]
 	ic       *mitm.Interceptor
-	health   *http.Server
 	log      *egresslog.Log
-	sink     *egresslog.JSONSink
-	credPath string
 	accepted map[uint16]*atomic.Int64 // connections accepted per port
-	servers  *serving.Group
+	// servers runs every server and stops them, last started first.
+	servers *lifecycle.Group
 }
 
 // upstreamRoots is the system's roots plus those in path, or nil (the
@@ -191,12 +187,14 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 }
 
 func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, logger *slog.Logger) (sc *sidecar, err error) {
-	sc = &sidecar{credPath: credPath, accepted: map[uint16]*atomic.Int64{}, servers: serving.New(ctx)}
+	sc = &sidecar{accepted: map[uint16]*atomic.Int64{}, servers: lifecycle.New(ctx)}
 	defer func() {
 		if err != nil {
-			sc.stop(context.Background())
+			sc.servers.Stop(context.Background())
 		}
 	}()
+	// Removing the credentials file releases the sandbox: the last step.
+	sc.servers.OnStop("credentials file", func(context.Context) error { return removeIfPresent(credPath) })
 	rejudge := func(*policy.Policy, error) {
 		if p := sc.serving.Load(); p != nil {
 			p.Rejudge(sandboxAgent)
@@ -205,6 +203,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	if sc.watch, err = policyfile.Watch(policyPath, policyfile.WatchConfig{Logger: logger, OnLoad: rejudge}); err != nil {
 		return sc, err
 	}
+	sc.servers.OnStop("policy watcher", lifecycle.Closing(sc.watch))
 	creds, n, err := loadCredentials(credPath)
 	if err != nil {
 		return sc, err
@@ -222,11 +221,13 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	}
 	sc.log = &egresslog.Log{}
 	if logFile.Path != "" {
-		if sc.sink, err = logFile.Open(); err != nil {
+		sink, err := logFile.Open()
+		if err != nil {
 			return sc, err
 		}
-		sc.log.Sinks = []egresslog.Sink{sc.sink, egresslog.SlogSink{Logger: logger}}
+		sc.log.Sinks = []egresslog.Sink{sink, egresslog.SlogSink{Logger: logger}}
 	}
+	sc.servers.OnStop("egress log", sc.log.Shutdown) // closes the file too
 	// Everything in the Pod is the sandbox; its policy is the file's.
 	agents := func(netip.Addr) (string, *policy.Policy, bool) { return sandboxAgent, sc.watch.Policy(), true }
 	var upstreams []string
@@ -234,10 +235,13 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 		upstreams = []string{upstream}
 	}
 	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger, Tunnel: tunnel}
+	sc.servers.OnStop("dns", sc.dns.Shutdown)
 	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
 	creds.SetTokenClient(sc.ic.Client(false)) // GitHub App tokens go out as intercepted requests do
+	sc.servers.OnStop("upstream pools", func(context.Context) error { sc.ic.CloseIdleConnections(); return nil })
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
 	sc.serving.Store(sc.proxy)
+	sc.servers.OnStop("proxy", sc.proxy.Shutdown)
 
 	// The DNS and proxy ports listen on loopback only: the rules redirect
 	// the Pod's own traffic there, and nothing outside the Pod reaches
@@ -267,7 +271,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 			sc.servers.Go(fmt.Sprintf("proxy %s", addr(port)), func() error { return sc.proxy.Serve(&countingListener{Listener: ln, n: count}) }, tproxy.ErrServerClosed)
 		}
 	}
-	if sc.health, err = sc.serveHealth(net.JoinHostPort("::", strconv.Itoa(int(p.health))), ca); err != nil {
+	if err := sc.serveHealth(net.JoinHostPort("::", strconv.Itoa(int(p.health))), ca); err != nil {
 		return sc, err
 	}
 	logger.Info("sidecar serving", "policy", policyPath, "credentials", n, "dns", p.dns, "http", p.http, "tls", p.tls, "other", p.other, "health", p.health)
@@ -286,41 +290,21 @@ func loopbacks(logger *slog.Logger) []string {
 	return []string{"127.0.0.1", "::1"}
 }
 
-// stop drains and removes the credentials file: the sandbox is released.
-func (sc *sidecar) stop(ctx context.Context) {
-	if sc.health != nil {
-		sc.health.Shutdown(ctx)
+// removeIfPresent removes path; that it is already gone is no error.
+func removeIfPresent(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
-	if sc.proxy != nil {
-		sc.proxy.Shutdown(ctx)
-	}
-	if sc.dns != nil {
-		sc.dns.Shutdown(ctx)
-	}
-	if sc.ic != nil {
-		sc.ic.CloseIdleConnections()
-	}
-	if sc.watch != nil {
-		sc.watch.Close()
-	}
-	if sc.log != nil {
-		sc.log.Shutdown(ctx)
-	}
-	if sc.sink != nil {
-		sc.sink.Close()
-	}
-	if sc.credPath != "" {
-		os.Remove(sc.credPath)
-	}
+	return nil
 }
 
 // serveHealth serves the health port: /healthz, the CA for the sandbox's
 // trust store, and accept counts per port. It is not a data-plane port:
 // nothing here is judged by the policy or logged as a denial.
-func (sc *sidecar) serveHealth(addr string, ca *mitm.CA) (*http.Server, error) {
+func (sc *sidecar) serveHealth(addr string, ca *mitm.CA) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -337,7 +321,8 @@ func (sc *sidecar) serveHealth(addr string, ca *mitm.CA) (*http.Server, error) {
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	sc.servers.Go("health", func() error { return srv.Serve(ln) }, http.ErrServerClosed)
-	return srv, nil
+	sc.servers.OnStop("health", srv.Shutdown)
+	return nil
 }
 
 // countingListener counts accepted connections.

@@ -24,8 +24,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/internal/netns"
-	"github.com/agenthold/egress/internal/readyline"
+	"github.com/agenthold/egress/examples/lifecycle"
+	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/policy/policyfile"
@@ -441,7 +441,7 @@ func (p *pod) startSidecar() {
 	require.NoError(t, cmd.Start())
 	p.sidecar = cmd
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	require.NoError(t, readyline.Wait(stdout, "sidecar: ready", 30*time.Second), "the sidecar did not get ready")
+	require.NoError(t, lifecycle.WaitReady(stdout, "sidecar: ready", 30*time.Second), "the sidecar did not get ready")
 	out, err := p.as(sandboxUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle)
 	require.NoError(t, err, "install-ca: %s", out)
 	out, err = p.as(sidecarUID, p.self, "install-ca", "--base", p.baseRoots, "--bundle", p.bundle+".x")

@@ -10,8 +10,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/agenthold/egress/internal/observe"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/learn"
 	"github.com/agenthold/egress/policy/policyfile"
 )
 
@@ -46,7 +46,7 @@ func cmdSuggest(args []string) error {
 		return err
 	}
 	defer f.Close()
-	obs, skipped, err := observe.Read(f, "")
+	obs, skipped, err := learn.Read(f, "")
 	if err != nil {
 		return fmt.Errorf("%s: %w", *logPath, err)
 	}
@@ -66,7 +66,7 @@ type suggestedFile struct {
 // what it keeps of the current one, each entry's support and what was
 // only attempted as comments.
 func writeSuggestion(w io.Writer, s policy.Suggestion, keep policy.Document, records, skipped int) error {
-	observe.WriteSupport(w, s, "", records, skipped)
+	learn.WriteSupport(w, s, "", records, skipped)
 	out := suggestedFile{Enforce: true, AllowOut: s.Document.Allow, Deny: keep.Deny, DoHEndpoints: keep.DoHEndpoints}
 	for _, list := range [][]string{keep.Allow, keep.AllowOut} {
 		for _, e := range list {

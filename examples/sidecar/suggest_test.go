@@ -25,7 +25,7 @@ func TestSuggestionKeepsTheCurrentRefusals(t *testing.T) {
 	now := time.Now()
 	s := policy.Suggest([]policy.Observation{
 		{Host: "api.test", Port: 443, Time: now, Succeeded: true},
-		{Host: "pastebin.com", Port: 443, Time: now, Succeeded: false}, // what observe.Of makes of a report-mode deny
+		{Host: "pastebin.com", Port: 443, Time: now, Succeeded: false}, // what learn.Observation makes of a report-mode deny
 	}, policy.SuggestConfig{})
 	var out strings.Builder
 	require.NoError(t, writeSuggestion(&out, s, keep, 2, 0))

@@ -3,7 +3,7 @@ package testkit
 import (
 	"testing"
 
-	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/examples/netns"
 )
 
 // RequireNamespaces skips t unless this process can create network

@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/agenthold/egress/internal/netns"
+	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/internal/testkit"
 )
 

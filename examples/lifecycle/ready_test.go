@@ -1,4 +1,4 @@
-package readyline
+package lifecycle
 
 import (
 	"io"
@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestWaitFindsTheLineAndKeepsDraining(t *testing.T) {
+func TestWaitReadyFindsTheLineAndKeepsDraining(t *testing.T) {
 	r, w := io.Pipe()
 	written := make(chan struct{})
 	go func() {
@@ -21,7 +21,7 @@ func TestWaitFindsTheLineAndKeepsDraining(t *testing.T) {
 		io.WriteString(w, strings.Repeat("log line\n", 1000))
 		w.Close()
 	}()
-	require.NoError(t, Wait(r, "ready", 5*time.Second))
+	require.NoError(t, WaitReady(r, "ready", 5*time.Second))
 	select {
 	case <-written:
 	case <-time.After(5 * time.Second):
@@ -29,15 +29,15 @@ func TestWaitFindsTheLineAndKeepsDraining(t *testing.T) {
 	}
 }
 
-func TestWaitFailsWhenTheOutputEnds(t *testing.T) {
-	err := Wait(strings.NewReader("starting\nreadyish\n"), "ready", 5*time.Second)
-	assert.ErrorIs(t, err, ErrEnded)
+func TestWaitReadyFailsWhenTheOutputEnds(t *testing.T) {
+	err := WaitReady(strings.NewReader("starting\nreadyish\n"), "ready", 5*time.Second)
+	assert.ErrorIs(t, err, ErrNotReady)
 }
 
-func TestWaitTimesOut(t *testing.T) {
+func TestWaitReadyTimesOut(t *testing.T) {
 	r, w := io.Pipe()
 	defer w.Close()
-	err := Wait(r, "ready", 50*time.Millisecond)
+	err := WaitReady(r, "ready", 50*time.Millisecond)
 	assert.Error(t, err, "want a timeout")
-	assert.NotErrorIs(t, err, ErrEnded, "want a timeout")
+	assert.NotErrorIs(t, err, ErrNotReady, "want a timeout")
 }

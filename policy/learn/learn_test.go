@@ -1,4 +1,4 @@
-package observe
+package learn
 
 import (
 	"strings"
@@ -12,7 +12,7 @@ import (
 	"github.com/agenthold/egress/policy"
 )
 
-func TestOf(t *testing.T) {
+func TestObservation(t *testing.T) {
 	now := time.Now()
 	for _, tc := range []struct {
 		name     string
@@ -32,7 +32,7 @@ func TestOf(t *testing.T) {
 		{"report mode, DoT", egresslog.Record{Agent: "a", Kind: egresslog.KindTCP, Host: "x.test", Port: 853, Allowed: true, Report: true, Reason: policy.ReasonDoT}, true, false, 853},
 	} {
 		tc.rec.Time = now
-		o, ok := Of(tc.rec)
+		o, ok := Observation(tc.rec)
 		assert.Equal(t, tc.ok, ok, tc.name)
 		if ok {
 			assert.Equal(t, tc.succ, o.Succeeded, tc.name)

@@ -1,8 +1,10 @@
-// Package observe turns an egress log's records into the observations
+// Package learn turns an egress log's records into the observations
 // policy.Suggest learns an allowlist from, and writes what a suggestion
-// rests on, for the programs that hold the log (agenthold) or read it
-// back from a file (the sidecar).
-package observe
+// rests on: for a program that holds the log (agenthold asks its
+// egresslog.Log) or reads it back from a file (the sidecar reads its
+// JSON lines). It is the one place where the two blocks meet, so that
+// neither imports the other.
+package learn
 
 import (
 	"bufio"
@@ -11,16 +13,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/policy"
 )
 
-// Of is what a record says an agent did: a DNS query, or a connection or
+// Observation is what a record says an agent did: a DNS query, or a connection or
 // request. It succeeded if it was allowed (report mode included) and
 // carried out: a DNS answer, a connection that did not fail upstream.
-func Of(r egresslog.Record) (policy.Observation, bool) {
+func Observation(r egresslog.Record) (policy.Observation, bool) {
 	if r.Host == "" || r.Agent == "" {
 		return policy.Observation{}, false
 	}
@@ -28,7 +28,7 @@ func Of(r egresslog.Record) (policy.Observation, bool) {
 	switch r.Kind {
 	case egresslog.KindDNS:
 		o.Port = 0
-		o.Succeeded = o.Succeeded && r.Status == dns.RcodeSuccess && r.Answers > 0
+		o.Succeeded = o.Succeeded && r.Status == rcodeSuccess && r.Answers > 0
 	case egresslog.KindTLS, egresslog.KindTCP, egresslog.KindHTTP, egresslog.KindConnect:
 		if r.Port == 0 {
 			return policy.Observation{}, false
@@ -39,6 +39,9 @@ func Of(r egresslog.Record) (policy.Observation, bool) {
 	}
 	return o, true
 }
+
+// rcodeSuccess is DNS's NOERROR, the Status of a DNS record answered.
+const rcodeSuccess = 0
 
 // refusedOutright reports whether a record in report mode says what
 // enforcement refuses whatever an allow entry says (a deny entry, a DNS
@@ -74,7 +77,7 @@ func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 		if agent != "" && rec.Agent != agent {
 			continue
 		}
-		if o, ok := Of(rec); ok {
+		if o, ok := Observation(rec); ok {
 			out = append(out, o)
 		}
 	}
