@@ -671,21 +671,18 @@ func (w *nsWorld) ping(addr string) bool {
 // waitRecord waits for the gateway process to write a matching record.
 func (w *nsWorld) waitRecord(f func(egresslog.Record) bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		data, _ := os.ReadFile(w.records)
-		var have []string
+	var have atomic.Value // the records read last, for the failure message
+	found := func() bool {
+		data, _ := os.ReadFile(w.records) // written by another process
+		have.Store(string(data))
 		for _, line := range strings.Split(string(data), "\n") {
-			if r, err := egresslog.ParseJSON([]byte(line)); err == nil {
-				if f(r) {
-					return
-				}
-				have = append(have, line)
+			if r, err := egresslog.ParseJSON([]byte(line)); err == nil && f(r) {
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			require.Failf(w.t, "no matching record", "among:\n%s", strings.Join(have, "\n"))
-		}
-		time.Sleep(50 * time.Millisecond) // the records file is written by another process
+		return false
+	}
+	if !assert.Eventually(w.t, found, 10*time.Second, 50*time.Millisecond) {
+		require.Failf(w.t, "no matching record", "among:\n%v", have.Load())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -483,16 +484,13 @@ func (p *pod) writePolicy(content string) {
 // awaitHTTP waits until plain HTTP to api.test is allowed, or denied.
 func (p *pod) awaitHTTP(allowed bool) {
 	p.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var last atomic.Value                    // the last try's outcome, for the failure message
+	if !assert.Eventually(p.t, func() bool { // the watcher applies the file within a second
 		out, err := p.sandbox("curl", "-sS", "--max-time", "3", "-o", "/dev/null", "-w", "%{http_code}", "http://api.test/")
-		if (err == nil && out == "200") == allowed {
-			return
-		}
-		if time.Now().After(deadline) {
-			require.Failf(p.t, "timed out", "plain HTTP to api.test: %q %v; want allowed=%v", out, err, allowed)
-		}
-		time.Sleep(100 * time.Millisecond) // the watcher applies the file within a second
+		last.Store(fmt.Sprintf("%q %v", out, err))
+		return (err == nil && out == "200") == allowed
+	}, 10*time.Second, 100*time.Millisecond) {
+		require.Failf(p.t, "timed out", "plain HTTP to api.test: %v; want allowed=%v", last.Load(), allowed)
 	}
 }
 
