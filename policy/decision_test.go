@@ -44,7 +44,7 @@ func TestDecisionSaysWhatWasJudged(t *testing.T) {
 
 // TestEntryWrittenAsURL says that entries are host[:port].
 func TestEntryWrittenAsURL(t *testing.T) {
-	for _, e := range []string{"https://github.com", "http://github.com:8080/x", "github.com/org/repo", "user@github.com", "ftp://203.0.113.1"} {
+	for _, e := range []string{"https://github.com", "http://github.com:8080/x", "user@github.com", "ftp://203.0.113.1", "GET https://github.com/x"} {
 		_, err := New(Config{Mode: Allowlist, Allow: []string{e}})
 		require.Error(t, err, e)
 		assert.Contains(t, err.Error(), "entries are host[:port]", e)

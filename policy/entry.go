@@ -25,6 +25,9 @@ type rule struct {
 	text  string
 	ports []portRange
 	addr  netip.Addr
+	// requestsOnly marks a request entry's host: it allows the host for
+	// the requests the entry matches, not in full.
+	requestsOnly bool
 }
 
 // namesPort reports whether the rule names port by itself (not within a
@@ -83,6 +86,8 @@ type EntryError struct {
 
 func (e *EntryError) Error() string { return fmt.Sprintf("policy: entry %q: %s", e.Entry, e.Reason) }
 
+var errURLEntry = errors.New("entries are host[:port] (github.com, *.npmjs.org:443), or for some requests [METHODS] host/path (GET api.github.com/repos/**), not URLs: drop the scheme and user")
+
 // compileEntry parses one allow entry. The forms are:
 //
 //	github.com                 the name, ports 80 and 443
@@ -114,7 +119,7 @@ func parseEntryText(s string) (entry, error) {
 		return entry{}, errors.New("empty entry")
 	}
 	if looksLikeURL(s) {
-		return entry{}, errors.New("entries are host[:port] (github.com, *.npmjs.org:443), not URLs: drop the scheme, user and path")
+		return entry{}, errURLEntry
 	}
 	host, portText, err := splitEntry(s)
 	if err != nil {

@@ -105,6 +105,13 @@ type Decision struct {
 	// for a host that is neither.
 	Name string
 	Addr netip.Addr
+	// Requests is set on an allowed decision when each request to the
+	// host must be judged by DecideRequest: request entries allow the
+	// host for some requests only (Reason is then ReasonRequestRules), or
+	// a deny entry refuses some of its requests. A connection whose
+	// requests cannot be seen (TLS that is not intercepted, other TCP)
+	// must then be refused.
+	Requests bool
 }
 
 // AgentFunc identifies the agent behind a source address and returns its
@@ -144,6 +151,8 @@ type Policy struct {
 // lookup per label of a name finds them all.
 type nameRules struct {
 	allowExact, allowWild, denyExact, denyWild []rule
+	// The request entries for the name itself, and for its subdomains.
+	reqExact, reqWild *requestRules
 }
 
 // ruleSet is the address and "*" entries of one kind, allow or deny.
@@ -259,6 +268,17 @@ func New(cfg Config) (*Policy, error) {
 			deny = append(deny, rest)
 			continue
 		}
+		if isRequestEntry(strings.TrimSpace(s)) {
+			c, err := compileRequestEntry(s, false)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.addRequest(c, false)
+			p.size++
+			p.allowedPorts = p.allowedPorts.add(c.host.rule.ports...)
+			continue
+		}
 		e, err := compileEntry(s)
 		if err != nil {
 			errs = append(errs, err)
@@ -274,6 +294,16 @@ func New(cfg Config) (*Policy, error) {
 		}
 	}
 	for _, s := range deny {
+		if isRequestEntry(strings.TrimSpace(s)) {
+			c, err := compileRequestEntry(s, true)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.addRequest(c, true)
+			p.size++
+			continue
+		}
 		e, err := compileDenyEntry(s)
 		if err != nil {
 			errs = append(errs, err)
@@ -420,7 +450,6 @@ func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
 		// for it by name, not a wildcard, "*" or open mode, lets it in.
 		return p.finish(Decision{Rule: d.Rule, Reason: ReasonDoH})
 	case resolver:
-		return d
 	case p.mode == Open:
 		d, ok = Decision{Allowed: true, Reason: ReasonOpen}, true
 	case !ok:
@@ -429,7 +458,34 @@ func (p *Policy) judgeName(name string, port uint16, anyPort bool) Decision {
 	if !ok {
 		return p.finish(m.miss)
 	}
-	return p.dotCheck(d, port, anyPort, func(m *matcher) (Decision, bool) { return p.matchAllowName(m, name) })
+	if d.Requests {
+		// Request entries allow the host for some requests; an entry, "*"
+		// or open mode that allows it in full wins (for a DNS-over-HTTPS
+		// resolver, only an entry for exactly it).
+		full := matcher{port: port, anyPort: anyPort, fullOnly: true}
+		var fd Decision
+		var inFull bool
+		switch {
+		case resolver:
+			if nr := p.names[name]; nr != nil {
+				fd, inFull = full.match(nr.allowExact)
+			}
+		case p.mode == Open:
+			fd, inFull = Decision{Allowed: true, Reason: ReasonOpen}, true
+		default:
+			fd, inFull = p.matchAllowName(&full, name)
+		}
+		if inFull {
+			d = fd
+		} else {
+			d.Reason = ReasonRequestRules
+		}
+	}
+	d = p.dotCheck(d, port, anyPort, func(m *matcher) (Decision, bool) { return p.matchAllowName(m, name) })
+	if d.Allowed && !d.Requests && !anyPort {
+		d.Requests = p.needsRequests(name, port)
+	}
+	return d
 }
 
 // DecideDoH answers whether a DNS-over-HTTPS request (a body of type
@@ -580,7 +636,9 @@ type matcher struct {
 	onlyExactPort bool
 	allPorts      bool
 	exactAddr     netip.Addr
-	miss          Decision
+	// fullOnly skips request entries' hosts.
+	fullOnly bool
+	miss     Decision
 }
 
 func (m *matcher) match(rules []rule) (Decision, bool) {
@@ -593,9 +651,11 @@ func (m *matcher) match(rules []rule) (Decision, bool) {
 			continue
 		case m.allPorts && !r.coversAllPorts():
 			continue
+		case m.fullOnly && r.requestsOnly:
+			continue
 		}
 		if m.anyPort || r.allowsPort(m.port) {
-			return Decision{Allowed: true, Rule: r.text, Reason: ReasonAllowedByRule}, true
+			return Decision{Allowed: true, Rule: r.text, Reason: ReasonAllowedByRule, Requests: r.requestsOnly}, true
 		}
 		if m.miss.Rule == "" {
 			m.miss = Decision{Rule: r.text, Reason: ReasonPortNotListed}
