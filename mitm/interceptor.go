@@ -403,20 +403,26 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if info.current != nil {
 		pol = info.current()
 	}
-	d := pol.Decide(host, info.port)
+	// The request by its host, method and path: what its own Host names,
+	// under the request entries for it.
+	d := pol.DecideRequest(host, info.port, r.Method, r.URL.EscapedPath())
 	canon := d.Name
 	if d.Addr.IsValid() {
 		canon = d.Addr.String()
 	}
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
 	if !d.Allowed {
-		http.Error(cw, "egress denied: "+d.Reason, http.StatusForbidden)
+		details := d.Reason
+		if d.Rule != "" {
+			details += ": " + d.Rule
+		}
+		httpfwd.Refuse(cw, http.StatusForbidden, "http_request_denied", details, true)
 		return
 	}
 	if httpfwd.IsDoH(r) {
 		if doh := pol.DecideDoH(host, info.port); !doh.Allowed {
 			rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, doh.Reason, ""
-			http.Error(cw, "egress denied: "+doh.Reason, http.StatusForbidden)
+			httpfwd.Refuse(cw, http.StatusForbidden, "http_request_denied", doh.Reason, true)
 			return
 		}
 	}

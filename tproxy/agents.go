@@ -134,6 +134,9 @@ func rejudgeTarget(pol *policy.Policy, t target, up netip.AddrPort) string {
 	if !d.Allowed {
 		return d.Reason
 	}
+	if d.Requests { // its requests must now be seen, and a spliced connection's are not
+		return ReasonRequestsUnseen
+	}
 	if err := pol.CheckResolved(t.host, up); err != nil {
 		return err.Error()
 	}

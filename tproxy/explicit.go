@@ -243,7 +243,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		t, d = s.judgeRaw()
 		rec.Rule = d.Rule
 		if !d.Allowed {
-			refuse(denied(http.StatusForbidden, d.Reason))
+			refuse(refusedBy(d))
 			return
 		}
 		if t.host != "" {
@@ -254,7 +254,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		t, d = decideName(pol, host, uint16(port))
 		rec.Rule = d.Rule
 		if !d.Allowed {
-			refuse(denied(http.StatusForbidden, d.Reason))
+			refuse(refusedBy(d))
 			return
 		}
 		rec.Host = t.host
@@ -272,7 +272,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	defer release()
 
 	var up *net.TCPConn
-	intercepted := s.connectName != "" && p.Interceptor != nil && p.Interceptor.Claims(agent, s.connectName)
+	intercepted := s.connectName != "" && p.intercepts(agent, t)
 	if intercepted {
 		// The Interceptor dials on its own; the name must resolve to an
 		// address the guard and the policy permit.

@@ -169,9 +169,14 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	t, d := decide(pol, host, dst)
+	if d.Allowed && t.host != "" {
+		// The request itself, by its method and path, on a host that
+		// request entries name (allowed by its address, it has none).
+		d = pol.DecideRequest(t.host, dst.Port(), r.Method, r.URL.EscapedPath())
+	}
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
 	if !d.Allowed {
-		refuse(denied(http.StatusForbidden, d.Reason))
+		refuse(refusedBy(d))
 		return
 	}
 	if httpfwd.IsDoH(r) {

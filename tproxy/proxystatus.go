@@ -5,16 +5,16 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"strings"
 	"syscall"
 
+	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
 
 // ProxyStatusName identifies this proxy in the Proxy-Status header field
-// (RFC 9209) of the explicit proxy's refusals and errors.
-const ProxyStatusName = "egress"
+// (RFC 9209) of its refusals and errors.
+const ProxyStatusName = httpfwd.ProxyStatusName
 
 // answer is how the explicit proxy tells a client it did not get what it
 // asked for: an HTTP status, an RFC 9209 error type, and the reason.
@@ -38,6 +38,16 @@ func denied(status int, why string) answer {
 	return answer{status: status, errType: "http_request_denied", why: why, refused: true}
 }
 
+// refusedBy is a policy's refusal: the record keeps the reason and the
+// entry apart, the client is told both.
+func refusedBy(d policy.Decision) answer {
+	a := denied(http.StatusForbidden, d.Reason)
+	if d.Rule != "" {
+		a.details = d.Reason + ": " + d.Rule
+	}
+	return a
+}
+
 // write sends the answer: the status, a Proxy-Status field, and the
 // reason in the body.
 func (a answer) write(w http.ResponseWriter) {
@@ -45,37 +55,11 @@ func (a answer) write(w http.ResponseWriter) {
 	if details == "" {
 		details = a.why
 	}
-	w.Header().Set("Proxy-Status", proxyStatus(a.errType, details))
 	if a.challenge {
 		w.Header().Set("Proxy-Authenticate", `Basic realm="`+ProxyStatusName+`"`)
 		w.Header().Set("Connection", "close") // no second try on this connection
 	}
-	prefix := "egress denied: "
-	if !a.refused {
-		prefix = "egress: "
-	}
-	http.Error(w, prefix+details, a.status)
-}
-
-// proxyStatus is a Proxy-Status field value: this proxy, the error type,
-// and details as a structured-field string (RFC 8941: printable ASCII,
-// with quotes and backslashes escaped; anything else becomes '?').
-func proxyStatus(errType, details string) string {
-	var b strings.Builder
-	b.WriteString(ProxyStatusName + "; error=" + errType + `; details="`)
-	for i := 0; i < len(details) && i < 512; i++ {
-		switch c := details[i]; {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
+	httpfwd.Refuse(w, a.status, a.errType, details, a.refused)
 }
 
 // dialAnswer says why an upstream dial failed: a refused address is 403,

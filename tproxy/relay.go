@@ -128,6 +128,13 @@ func (r *relay) sinceActive() time.Duration {
 // relay writes what each side sent before the decision to the other, then
 // splices both directions until both are done, and records the connection.
 func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBytes, upBytes []byte) {
+	if t.decision.Requests {
+		// Every spliced path passes here: bytes the gateway does not read
+		// never go to a host whose requests the policy must judge.
+		up.Close()
+		s.deny(t, t.decision, ReasonRequestsUnseen)
+		return
+	}
 	rec := s.baseRecord(kind, t, t.decision)
 	rec.Addr = addrPortOf(up.RemoteAddr())
 	var conn *egresslog.Conn

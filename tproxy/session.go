@@ -30,6 +30,10 @@ const (
 	ReasonClosed        = "closed"
 	ReasonIntercepted   = "intercepted"
 	ReasonServerFirst   = "server spoke first"
+	// ReasonRequestsUnseen refuses to splice a connection to a host whose
+	// requests the policy must judge one by one: TLS when there is no
+	// Interceptor to open it, or TCP that is neither TLS nor HTTP.
+	ReasonRequestsUnseen = "the policy judges this host's requests, and this connection's cannot be seen"
 	// The gateway's bounds on open connections, in all and per agent.
 	ReasonTooManyConns      = "too many connections"
 	ReasonAgentTooManyConns = "too many connections for this agent"
@@ -416,7 +420,7 @@ func (s *session) run(buffered []byte) {
 		sp.target, sp.ok = s.speculative()
 		// A host the Interceptor claims is dialled by the Interceptor:
 		// a connection dialled early would be thrown away.
-		sp.lazy = sp.ok && sp.target.host != "" && s.p.Interceptor != nil && s.p.Interceptor.Claims(s.agent, sp.target.host)
+		sp.lazy = sp.ok && s.p.intercepts(s.agent, sp.target)
 	}
 	defer sp.discard()
 
@@ -579,7 +583,7 @@ func (s *session) serveTLS(buf []byte, sp *speculation) {
 		s.denyTLS(target{host: hello.serverName, port: s.dst.Port()}, d)
 		return
 	}
-	if t.host != "" && s.p.Interceptor != nil && s.p.Interceptor.Claims(s.agent, t.host) {
+	if s.p.intercepts(s.agent, t) {
 		sp.discard()
 		s.intercept(t, buf)
 		return
@@ -658,6 +662,13 @@ func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 	r.Duration = time.Since(s.start)
 	s.p.record(r)
 	reset(s.client)
+}
+
+// intercepts reports whether TLS to t goes to the Interceptor: a host it
+// claims (a credential's), or one whose requests the policy judges one by
+// one (without an Interceptor, relay refuses those).
+func (p *Proxy) intercepts(agent string, t target) bool {
+	return t.host != "" && p.Interceptor != nil && (t.decision.Requests || p.Interceptor.Claims(agent, t.host))
 }
 
 // intercept hands the connection, with the ClientHello already read, to
