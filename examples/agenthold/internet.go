@@ -261,9 +261,10 @@ func fakeAnthropic(w http.ResponseWriter, r *http.Request) {
 }
 
 // fakeGit serves a git repository over smart HTTP with git http-backend,
-// for requests with the right token only.
+// for requests with the right token only, which may clone and push (the
+// token's user is http-backend's REMOTE_USER, which enables pushing).
 func fakeGit(root string) http.Handler {
-	backend := &cgi.Handler{Path: gitPath(), Args: []string{"http-backend"}, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}
+	backend := &cgi.Handler{Path: gitPath(), Args: []string{"http-backend"}, Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1", "REMOTE_USER=x-access-token"}}
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+demoGitHubToken))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {

@@ -95,6 +95,25 @@ both "matrix: dig, an allowed name"         dig alice 'dig +short github.com' '^
 both "matrix: dig, a denied name: NXDOMAIN" dig alice 'dig evil.example.org' 'status: NXDOMAIN'
 check "matrix: the denied lookups are recorded with their reason" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"kind\":\"dns\",\"host\":\"evil.example.org\"' | grep -q '\"reason\":\"no allow entry matches the host\"'"
 
+# Request entries: alice may list the API's models and clone the demo
+# repository, and nothing else on those hosts: no message, no push. Each
+# request on one connection is judged by its method and path; her policy
+# is put back after.
+"$AH" policy set alice --mode allowlist --allow 'GET,HEAD api.anthropic.com/v1/models' \
+	--allow 'GET github.com/demo/hello.git/info/refs' --allow 'POST github.com/demo/hello.git/git-upload-pack' >/dev/null
+check "request entries: curl, an allowed GET"     expect alice "curl -sS $api" 'demo-model'
+check "request entries: curl, a POST refused"     expect alice "curl -sS -o /dev/null -w '%{http_code} %header{proxy-status}' https://api.anthropic.com/v1/messages -d {}" '^403 .*no request rule allows the method and path'
+check "request entries: both on one connection"   expect alice "curl -sS -o /dev/null -w '%{http_code} %{num_connects} ' $api --next -o /dev/null -w '%{http_code} %{num_connects}' -X DELETE $api" '^200 1 403 0$'
+check "request entries: git clone allowed"        expect alice 'd=$(mktemp -d) && git clone -q https://github.com/demo/hello.git $d/h && cat $d/h/README.md' 'cloned through agenthold'
+check "request entries: git push refused by path" expect alice '{ d=$(mktemp -d) && git clone -q https://github.com/demo/hello.git $d/h && cd $d/h && git -c user.email=a@example.com -c user.name=a commit -q --allow-empty -m x && git push origin HEAD:main 2>&1; echo "push exit $?"; } | tr "\n" " "' '403.*push exit [1-9]'
+if [ -x "$goget_dir/goget" ]; then
+	check "request entries: a Go client over HTTP/2, allowed" expect alice "$goget_dir/goget $api 2>&1 | tr '\n' ' '" 'demo-model.*HTTP/2.0'
+	check "request entries: a Go client over HTTP/2, refused" expect alice "$goget_dir/goget https://api.anthropic.com/v1/files 2>&1 | tr '\n' ' '" 'HTTP/2.0.*403 Forbidden'
+fi
+check "request entries: refusals recorded with method, path and reason" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"method\":\"POST\"' | grep '\"path\":\"/demo/hello.git/git-receive-pack\"' | grep -q '\"reason\":\"no request rule allows the method and path\"'"
+"$AH" policy set alice --mode allowlist --allow api.anthropic.com --allow github.com --allow '*.npmjs.org' --allow ssh.example.net:22 \
+	--allow www.example.com --allow echo.example.com --allow pypi.org --allow files.pythonhosted.org >/dev/null
+
 # The values never show anywhere but in requests to their hosts.
 no_secret() { ! grep -qE -- "$anthropic_key|$github_token" <<<"$("$@" 2>&1)"; }
 check "no value in the log (JSON)"            no_secret "$AH" log --json --limit 0

@@ -1,7 +1,8 @@
 // Command goget is the e2e check's Go client: net/http's default
 // transport (the environment's proxy, the system's roots), as a Go
-// program in a sandbox would use it. It prints the body of a GET and
-// fails on any status but 200.
+// program in a sandbox would use it. It prints the body of a GET, then
+// the protocol it spoke on standard error, and fails on any status but
+// 200.
 package main
 
 import (
@@ -25,6 +26,7 @@ func main() {
 	}
 	defer resp.Body.Close()
 	io.Copy(os.Stdout, resp.Body)
+	fmt.Fprintln(os.Stderr, resp.Proto)
 	if resp.StatusCode != http.StatusOK {
 		fmt.Fprintln(os.Stderr, resp.Status)
 		os.Exit(1)
