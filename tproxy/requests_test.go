@@ -123,7 +123,9 @@ func TestRequestEntriesNeedTheirRequestsSeen(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		tc := tls.Client(&bufferedConn{Conn: c, r: br}, &tls.Config{ServerName: "api.test", RootCAs: w.ca.Pool})
 		assert.Error(t, tc.Handshake(), "TLS in a tunnel to a host whose requests must be judged was spliced")
-		rec := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindConnect && r.Reason == ReasonRequestsUnseen })
+		rec := w.waitRecord(func(r egresslog.Record) bool {
+			return r.Kind == egresslog.KindConnect && r.Reason == ReasonRequestsUnseen
+		})
 		assert.False(t, rec.Allowed)
 	})
 	t.Run("other TCP refused", func(t *testing.T) {
