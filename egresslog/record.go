@@ -48,6 +48,7 @@ type Record struct {
 	Reason    string        // why it was allowed or denied, or how it ended
 	Rule      string        // the policy entry or injection rule that matched
 	Secret    string        // the name of the secret injected, if any
+	Tool      string        // the MCP tools a request called (comma-separated)
 	BytesUp   int64         // bytes from the agent towards the destination
 	BytesDown int64         // bytes from the destination back to the agent
 	Duration  time.Duration // how long it lasted
@@ -86,6 +87,7 @@ const (
 	FieldReason    = "reason"
 	FieldRule      = "rule"
 	FieldSecret    = "secret"
+	FieldTool      = "tool"
 	FieldBytesUp   = "bytes_up"
 	FieldBytesDown = "bytes_down"
 	FieldDuration  = "duration_ms" // float milliseconds
@@ -104,6 +106,7 @@ const (
 	MaxReasonLen = 512
 	MaxRuleLen   = 256
 	MaxSecretLen = 128
+	MaxToolLen   = 256
 )
 
 // sanitize bounds the record's strings, escapes their control characters
@@ -121,6 +124,7 @@ func (r *Record) sanitize() {
 	r.Reason = truncate(escapeControls(r.Reason), MaxReasonLen)
 	r.Rule = truncate(escapeControls(r.Rule), MaxRuleLen)
 	r.Secret = truncate(escapeControls(r.Secret), MaxSecretLen)
+	r.Tool = truncate(escapeControls(r.Tool), MaxToolLen)
 	r.Kind = Kind(truncate(escapeControls(string(r.Kind)), 16))
 }
 
@@ -186,6 +190,7 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	b = appendString(b, FieldReason, r.Reason, false)
 	b = appendString(b, FieldRule, r.Rule, false)
 	b = appendString(b, FieldSecret, r.Secret, false)
+	b = appendString(b, FieldTool, r.Tool, false)
 	b = appendInt(b, FieldBytesUp, r.BytesUp)
 	b = appendInt(b, FieldBytesDown, r.BytesDown)
 	if r.Duration != 0 {
@@ -298,6 +303,7 @@ type jsonRecord struct {
 	Reason    string   `json:"reason"`
 	Rule      string   `json:"rule"`
 	Secret    string   `json:"secret"`
+	Tool      string   `json:"tool"`
 	BytesUp   int64    `json:"bytes_up"`
 	BytesDown int64    `json:"bytes_down"`
 	Duration  *float64 `json:"duration_ms"`
@@ -323,7 +329,7 @@ func ParseJSON(line []byte) (Record, error) {
 	r := Record{
 		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port, Target: j.Target,
 		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
-		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret,
+		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret, Tool: j.Tool,
 		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Open: j.Open, ConnID: j.ConnID,
 		Count: j.Count,
 	}

@@ -44,6 +44,11 @@ var goldenRecords = map[string]Record{
 		Host: "api.github.com", Port: 443, Addr: netip.MustParseAddrPort("140.82.112.6:443"), Target: "140.82.112.5:443",
 		Allowed: true, Reason: "allowed by rule", Rule: "*.github.com", ConnID: 7,
 	},
+	"mcp_tool_refused": {
+		Seq: 7, Time: time.Date(2026, 11, 29, 8, 0, 6, 0, time.UTC), Agent: "agent-1", Kind: KindHTTP,
+		Host: "mcp.example.com", Port: 443, Method: "POST", Path: "/mcp", Status: 403,
+		Reason: "the MCP tool is not allowed", Rule: "mcp https://mcp.example.com/mcp", Tool: "search,exec",
+	},
 	"refusals_summary": {
 		Seq: 6, Time: time.Date(2026, 11, 29, 8, 0, 5, 0, time.UTC), Agent: "agent-1", Kind: KindDNS,
 		Host: "q0.flood.example", Reason: "quota exceeded: dns queries", Count: 49990,

@@ -403,14 +403,14 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if info.current != nil {
 		pol = info.current()
 	}
-	// The request by its host, method and path: what its own Host names,
-	// under the request entries for it.
-	d := pol.DecideRequest(host, info.port, r.Method, r.URL.EscapedPath())
+	// The request by its host, method and path (and an MCP endpoint's
+	// messages): what its own Host names, under the request entries for it.
+	d := pol.DecideHTTP(r, host, info.port)
 	canon := d.Name
 	if d.Addr.IsValid() {
 		canon = d.Addr.String()
 	}
-	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
+	rec.Allowed, rec.Report, rec.Reason, rec.Rule, rec.Tool = d.Allowed, d.Report, d.Reason, d.Rule, d.Tool
 	if !d.Allowed {
 		details := d.Reason
 		if d.Rule != "" {

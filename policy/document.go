@@ -21,6 +21,10 @@ import (
 //	  - pastebin.com             # no port: every port (also "!pastebin.com" in allow)
 //	  - "*.ngrok.io"
 //	dohEndpoints: [doh.example]  # added to the built-in DNS-over-HTTPS list
+//	mcp:                         # MCP endpoints and the tools they allow
+//	  - url: https://mcp.example.com/mcp
+//	    tools: [search, fetch]
+//	    methods: [initialize, notifications/initialized, tools/list]  # optional
 //	report: false                # dry run: log what enforce would deny
 //	quotas:                      # per agent; 0 or absent: the default, -1: none
 //	  connectionsPerSecond: 500
@@ -32,16 +36,17 @@ import (
 // policy, and a newer control plane's document denies on an older reader
 // instead of being half understood.
 type Document struct {
-	Version              int      `yaml:"version" json:"version,omitempty"`
-	Enforce              *bool    `yaml:"enforce" json:"enforce"`
-	Mode                 string   `yaml:"mode" json:"mode,omitempty"`
-	Allow                []string `yaml:"allow" json:"allow,omitempty"`
-	AllowOut             []string `yaml:"allowOut" json:"allowOut,omitempty"`
-	AllowPrivateNetworks bool     `yaml:"allowPrivateNetworks" json:"allowPrivateNetworks,omitempty"`
-	Report               bool     `yaml:"report" json:"report,omitempty"`
-	Quotas               Quotas   `yaml:"quotas" json:"quotas,omitzero"`
-	Deny                 []string `yaml:"deny" json:"deny,omitempty"`
-	DoHEndpoints         []string `yaml:"dohEndpoints" json:"dohEndpoints,omitempty"`
+	Version              int           `yaml:"version" json:"version,omitempty"`
+	Enforce              *bool         `yaml:"enforce" json:"enforce"`
+	Mode                 string        `yaml:"mode" json:"mode,omitempty"`
+	Allow                []string      `yaml:"allow" json:"allow,omitempty"`
+	AllowOut             []string      `yaml:"allowOut" json:"allowOut,omitempty"`
+	AllowPrivateNetworks bool          `yaml:"allowPrivateNetworks" json:"allowPrivateNetworks,omitempty"`
+	Report               bool          `yaml:"report" json:"report,omitempty"`
+	Quotas               Quotas        `yaml:"quotas" json:"quotas,omitzero"`
+	Deny                 []string      `yaml:"deny" json:"deny,omitempty"`
+	DoHEndpoints         []string      `yaml:"dohEndpoints" json:"dohEndpoints,omitempty"`
+	MCP                  []MCPEndpoint `yaml:"mcp" json:"mcp,omitempty"`
 }
 
 // Reasons for the deny-all policies a document compiles to.
@@ -81,5 +86,6 @@ func (d *Document) Compile() (*Policy, error) {
 		Quotas:               d.Quotas,
 		Deny:                 d.Deny,
 		DoHEndpoints:         d.DoHEndpoints,
+		MCP:                  d.MCP,
 	})
 }

@@ -72,6 +72,9 @@ type Config struct {
 	Report bool
 	// Quotas bound what the agent may take of a shared gateway.
 	Quotas Quotas
+	// MCP allows MCP servers' endpoints and the tools an agent may call
+	// on them (also written as allow entries: "mcp URL tools=a,b").
+	MCP []MCPEndpoint
 }
 
 // Reasons a Decision gives. They are constants so that deciding never
@@ -112,6 +115,10 @@ type Decision struct {
 	// requests cannot be seen (TLS that is not intercepted, other TCP)
 	// must then be refused.
 	Requests bool
+	// Tool names the MCP tools a request calls (comma-separated, for a
+	// batch), as DecideHTTP read them.
+	Tool string
+	mcp  *mcpRule // the MCP endpoint whose messages DecideHTTP judges
 }
 
 // AgentFunc identifies the agent behind a source address and returns its
@@ -263,9 +270,19 @@ func New(cfg Config) (*Policy, error) {
 	}
 	var errs []error
 	deny := append([]string(nil), cfg.Deny...)
+	mcp := slices.Clone(cfg.MCP)
 	for _, s := range cfg.Allow {
 		if rest, ok := strings.CutPrefix(strings.TrimSpace(s), "!"); ok {
 			deny = append(deny, rest)
+			continue
+		}
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(s), "mcp "); ok {
+			e, err := parseMCPEntry(rest)
+			if err != nil {
+				errs = append(errs, &EntryError{Entry: s, Reason: err.Error()})
+				continue
+			}
+			mcp = append(mcp, e)
 			continue
 		}
 		if isRequestEntry(strings.TrimSpace(s)) {
@@ -292,6 +309,16 @@ func New(cfg Config) (*Policy, error) {
 				p.namedPorts = p.namedPorts.add(pr)
 			}
 		}
+	}
+	for _, e := range mcp {
+		c, err := compileMCP(e)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.addRequest(c, false)
+		p.size++
+		p.allowedPorts = p.allowedPorts.add(c.host.rule.ports...)
 	}
 	for _, s := range deny {
 		if isRequestEntry(strings.TrimSpace(s)) {

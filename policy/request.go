@@ -36,6 +36,7 @@ type requestRule struct {
 	text    string
 	methods methodSet
 	ports   []portRange
+	mcp     *mcpRule // an MCP endpoint's: its messages are judged too
 }
 
 // pathNode is a trie of path patterns, one segment per level.
@@ -391,7 +392,7 @@ func (p *Policy) DecideRequest(host string, port uint16, method, path string) De
 		return d // the host is allowed in full; its request entries only deny
 	}
 	if r := p.findRequest(d.Name, &requestQuery{method: method, port: port}, segs); r != nil {
-		return Decision{Allowed: true, Name: d.Name, Rule: r.text, Reason: ReasonAllowedByRule}
+		return Decision{Allowed: true, Name: d.Name, Rule: r.text, Reason: ReasonAllowedByRule, Requests: true, mcp: r.mcp}
 	}
 	return p.finish(Decision{Name: d.Name, Reason: ReasonNoRequestRule})
 }

@@ -170,11 +170,12 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	t, d := decide(pol, host, dst)
 	if d.Allowed && t.host != "" {
-		// The request itself, by its method and path, on a host that
-		// request entries name (allowed by its address, it has none).
-		d = pol.DecideRequest(t.host, dst.Port(), r.Method, r.URL.EscapedPath())
+		// The request itself, by its method and path (and an MCP
+		// endpoint's messages), on a host that request entries name
+		// (allowed by its address, it has none).
+		d = pol.DecideHTTP(r, t.host, dst.Port())
 	}
-	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
+	rec.Allowed, rec.Report, rec.Reason, rec.Rule, rec.Tool = d.Allowed, d.Report, d.Reason, d.Rule, d.Tool
 	if !d.Allowed {
 		refuse(refusedBy(d))
 		return

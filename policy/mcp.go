@@ -1,0 +1,270 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// MCPEndpoint allows an MCP server's Streamable HTTP endpoint, and on it
+// the tools an agent may call. Written as an entry:
+//
+//	mcp https://mcp.example.com/mcp tools=search,fetch
+//	mcp https://mcp.example.com/mcp tools=search methods=initialize,tools/list,ping
+//
+// The endpoint's path may be posted to (JSON-RPC messages), read (the
+// server's event stream) and deleted (the session's end); nothing else on
+// its host. Each message posted is judged: tools/call by params.name
+// against Tools, every other method against Methods
+// (DefaultMCPMethods when none is given), responses to the server's own
+// requests allowed. A body that is not JSON-RPC 2.0, or a batch with one
+// message refused, is refused whole.
+type MCPEndpoint struct {
+	URL     string   `yaml:"url" json:"url"`
+	Tools   []string `yaml:"tools" json:"tools"`
+	Methods []string `yaml:"methods" json:"methods,omitempty"`
+}
+
+// DefaultMCPMethods are the methods an MCP endpoint allows besides
+// tools/call when its entry names none: what a client needs to start a
+// session and find and call tools.
+var DefaultMCPMethods = []string{"initialize", "notifications/initialized", "notifications/cancelled", "ping", "tools/list"}
+
+// MaxMCPBody bounds a message posted to an MCP endpoint: a larger one is
+// refused, since it cannot be judged.
+const MaxMCPBody = 1 << 20
+
+// Reasons of MCP decisions.
+const (
+	ReasonMCPTool       = "the MCP tool is not allowed"
+	ReasonMCPMethod     = "the MCP method is not allowed"
+	ReasonMCPNotJSONRPC = "the MCP message is not JSON-RPC 2.0"
+	ReasonMCPTooLarge   = "the MCP message is larger than the gateway judges"
+	ReasonMCPUnread     = "the MCP message could not be read"
+)
+
+// mcpRule is what an MCP endpoint's request entry allows of the messages
+// posted to it.
+type mcpRule struct {
+	tools, methods []string
+}
+
+// parseMCPEntry parses "mcp URL tools=a,b methods=c,d" (entry without
+// the "mcp" word).
+func parseMCPEntry(s string) (MCPEndpoint, error) {
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return MCPEndpoint{}, errors.New("an mcp entry needs the endpoint's URL: mcp https://mcp.example.com/mcp tools=search")
+	}
+	e := MCPEndpoint{URL: fields[0]}
+	for _, f := range fields[1:] {
+		key, list, ok := strings.Cut(f, "=")
+		var into *[]string
+		switch {
+		case ok && key == "tools":
+			into = &e.Tools
+		case ok && key == "methods":
+			into = &e.Methods
+		default:
+			return MCPEndpoint{}, fmt.Errorf("%q: an mcp entry takes tools=a,b and methods=c,d after its URL", f)
+		}
+		for _, v := range strings.Split(list, ",") {
+			if v != "" {
+				*into = append(*into, v)
+			}
+		}
+	}
+	return e, nil
+}
+
+// compileMCP turns an endpoint into the request entry that carries it.
+func compileMCP(e MCPEndpoint) (compiledRequest, error) {
+	written := "mcp " + e.URL
+	fail := func(reason string) (compiledRequest, error) {
+		return compiledRequest{}, &EntryError{Entry: written, Reason: reason}
+	}
+	u, err := url.Parse(e.URL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fail("the endpoint is an http or https URL with a host and a path, without user, query or fragment")
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"https": "443", "http": "80"}[u.Scheme]
+	}
+	host, err := parseEntryText(u.Hostname() + ":" + port)
+	if err != nil {
+		return fail(err.Error())
+	}
+	if host.kind != kindName {
+		return fail("the endpoint's host must be a name")
+	}
+	path := u.EscapedPath()
+	if path == "" {
+		path = "/"
+	}
+	segs, err := parsePattern(path)
+	if err != nil {
+		return fail(err.Error())
+	}
+	if slices.ContainsFunc(segs, func(s string) bool { return s == "*" || s == "**" }) {
+		return fail("the endpoint is one path, without * or **")
+	}
+	methods := e.Methods
+	if methods == nil {
+		methods = DefaultMCPMethods
+	}
+	if len(e.Tools) == 0 {
+		return fail("an mcp entry names the tools it allows: tools=search,fetch")
+	}
+	host.rule.text, host.rule.requestsOnly = written, true
+	return compiledRequest{host: host, segments: segs, rule: &requestRule{
+		text:    written,
+		methods: methodSet{known: methodBit("GET") | methodBit("POST") | methodBit("DELETE")},
+		ports:   host.rule.ports,
+		mcp:     &mcpRule{tools: slices.Clone(e.Tools), methods: slices.Clone(methods)},
+	}}, nil
+}
+
+// DecideHTTP judges one HTTP request whose Host names host on port: by
+// its method and path (DecideRequest), and, posted to an MCP endpoint, by
+// its JSON-RPC messages. To judge those it reads the body (up to
+// MaxMCPBody) and puts back what it read, so that r can be forwarded as
+// it came. It is the one place a proxy judges a request: tproxy's plain
+// HTTP and mitm's intercepted requests both call it.
+func (p *Policy) DecideHTTP(r *http.Request, host string, port uint16) Decision {
+	d := p.DecideRequest(host, port, r.Method, r.URL.EscapedPath())
+	if d.mcp == nil || r.Method != http.MethodPost || !d.Allowed {
+		d.mcp = nil
+		return d
+	}
+	rule := d.mcp
+	d.mcp = nil
+	deny := func(why string) Decision {
+		return p.finish(Decision{Name: d.Name, Rule: d.Rule, Reason: why, Tool: d.Tool, Requests: true})
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return deny(ReasonMCPNotJSONRPC)
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxMCPBody+1))
+	r.Body.Close()
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.TransferEncoding = nil
+	switch {
+	case err != nil:
+		return deny(ReasonMCPUnread)
+	case len(body) > MaxMCPBody:
+		return deny(ReasonMCPTooLarge)
+	}
+	tools, why := rule.judge(body)
+	d.Tool = strings.Join(tools, ",")
+	if why != "" {
+		return deny(why)
+	}
+	return d
+}
+
+// judge judges a body of JSON-RPC messages: the tools it calls, and why
+// it is refused, or "".
+func (m *mcpRule) judge(body []byte) ([]string, string) {
+	body = bytes.TrimSpace(body)
+	var messages []json.RawMessage
+	if len(body) > 0 && body[0] == '[' {
+		if err := json.Unmarshal(body, &messages); err != nil || len(messages) == 0 {
+			return nil, ReasonMCPNotJSONRPC
+		}
+	} else {
+		messages = []json.RawMessage{body}
+	}
+	var tools []string
+	for _, raw := range messages {
+		tool, why := m.judgeMessage(raw)
+		if tool != "" {
+			tools = append(tools, tool)
+		}
+		if why != "" {
+			return tools, why
+		}
+	}
+	return tools, ""
+}
+
+// judgeMessage judges one message. Its keys are read exactly as written
+// and once each: a second "params", or a "Params" beside it, could be
+// what the server reads.
+func (m *mcpRule) judgeMessage(raw json.RawMessage) (string, string) {
+	msg, ok := exactObject(raw)
+	if !ok || string(msg["jsonrpc"]) != `"2.0"` {
+		return "", ReasonMCPNotJSONRPC
+	}
+	methodRaw, isCall := msg["method"]
+	if !isCall {
+		// A response to the server's own request (sampling, roots).
+		_, result := msg["result"]
+		_, rpcErr := msg["error"]
+		if _, id := msg["id"]; id && result != rpcErr {
+			return "", ""
+		}
+		return "", ReasonMCPNotJSONRPC
+	}
+	var method string
+	if json.Unmarshal(methodRaw, &method) != nil {
+		return "", ReasonMCPNotJSONRPC
+	}
+	if method != "tools/call" {
+		if slices.Contains(m.methods, method) {
+			return "", ""
+		}
+		return "", ReasonMCPMethod
+	}
+	params, ok := exactObject(msg["params"])
+	if !ok {
+		return "", ReasonMCPNotJSONRPC
+	}
+	var name string
+	if json.Unmarshal(params["name"], &name) != nil || name == "" {
+		return "", ReasonMCPNotJSONRPC
+	}
+	if !slices.Contains(m.tools, name) {
+		return name, ReasonMCPTool
+	}
+	return name, ""
+}
+
+// exactObject reads a JSON object's members by their exact keys, and
+// fails on anything else, on a key written twice, and on keys that differ
+// only in case (which encoding/json, and some servers, take for one).
+func exactObject(raw json.RawMessage) (map[string]json.RawMessage, bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	out := map[string]json.RawMessage{}
+	folded := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		key, isKey := t.(string)
+		if err != nil || !isKey || folded[strings.ToLower(key)] {
+			return nil, false
+		}
+		folded[strings.ToLower(key)] = true
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return nil, false
+		}
+		out[key] = v
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, false // something after the object
+	}
+	return out, true
+}

@@ -1,0 +1,151 @@
+package policy
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func mcpPolicy(t testing.TB) *Policy {
+	p, err := New(Config{
+		Allow: []string{"mcp https://mcp.example.com/mcp tools=search,fetch"},
+		MCP:   []MCPEndpoint{{URL: "https://tools.example.com:8443/v1/mcp", Tools: []string{"lookup"}, Methods: []string{"initialize", "tools/list"}}},
+	})
+	require.NoError(t, err)
+	return p
+}
+
+func call(name string) string {
+	return `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"` + name + `","arguments":{}}}`
+}
+
+// TestMCPMessages: each message posted to an MCP endpoint is judged;
+// the ways to slip a call past a judge that reads JSON one way and a
+// server another are refused.
+func TestMCPMessages(t *testing.T) {
+	p := mcpPolicy(t)
+	for _, tc := range []struct {
+		name, body, reason, tool string
+	}{
+		{"an allowed tool", call("search"), "", "search"},
+		{"another allowed tool", call("fetch"), "", "fetch"},
+		{"a tool not listed", call("exec"), ReasonMCPTool, "exec"},
+		{"a batch, all allowed", "[" + call("search") + "," + call("fetch") + "]", "", "search,fetch"},
+		{"a batch with one refused", "[" + call("search") + "," + call("exec") + "]", ReasonMCPTool, "search,exec"},
+		{"an empty batch", "[]", ReasonMCPNotJSONRPC, ""},
+		{"initialize (a default method)", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}`, "", ""},
+		{"a notification (a default method)", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, "", ""},
+		{"a method not listed", `{"jsonrpc":"2.0","id":2,"method":"resources/read","params":{"uri":"file:///etc/passwd"}}`, ReasonMCPMethod, ""},
+		{"a response to the server's request", `{"jsonrpc":"2.0","id":"s1","result":{"roots":[]}}`, "", ""},
+		{"a response with result and error", `{"jsonrpc":"2.0","id":"s1","result":{},"error":{}}`, ReasonMCPNotJSONRPC, ""},
+		{"no jsonrpc member", `{"id":1,"method":"tools/call","params":{"name":"search"}}`, ReasonMCPNotJSONRPC, ""},
+		{"jsonrpc 1.0", `{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"search"}}`, ReasonMCPNotJSONRPC, ""},
+		{"not JSON", `tools/call exec`, ReasonMCPNotJSONRPC, ""},
+		{"empty", ``, ReasonMCPNotJSONRPC, ""},
+		{"a method that is not a string", `{"jsonrpc":"2.0","id":1,"method":["tools/call"]}`, ReasonMCPNotJSONRPC, ""},
+		{"params not an object", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":["exec"]}`, ReasonMCPNotJSONRPC, ""},
+		{"no tool name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}`, ReasonMCPNotJSONRPC, ""},
+		{"the name twice", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","name":"exec"}}`, ReasonMCPNotJSONRPC, ""},
+		{"params twice", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec"},"params":{"name":"search"}}`, ReasonMCPNotJSONRPC, ""},
+		{"Params beside params", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec"},"Params":{"name":"search"}}`, ReasonMCPNotJSONRPC, ""},
+		{"Name beside name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"Name":"exec","name":"search"}}`, ReasonMCPNotJSONRPC, ""},
+		{"method twice", `{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"exec"}}`, ReasonMCPNotJSONRPC, ""},
+		{"a second object after the first", call("search") + call("exec"), ReasonMCPNotJSONRPC, ""},
+		{"an escaped name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\u0065xec"}}`, ReasonMCPTool, "exec"},
+		{"a name differing in case", call("Search"), ReasonMCPTool, "Search"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "https://mcp.example.com/mcp", strings.NewReader(tc.body))
+			d := p.DecideHTTP(r, "mcp.example.com", 443)
+			assert.Equal(t, tc.reason == "", d.Allowed, "%+v", d)
+			if tc.reason != "" {
+				assert.Equal(t, tc.reason, d.Reason)
+			}
+			assert.Equal(t, tc.tool, d.Tool)
+			assert.Equal(t, "mcp https://mcp.example.com/mcp", d.Rule)
+			forwarded, err := io.ReadAll(r.Body)
+			require.NoError(t, err)
+			assert.Equal(t, tc.body, string(forwarded), "the body goes on as it came")
+			assert.EqualValues(t, len(tc.body), r.ContentLength)
+		})
+	}
+}
+
+func TestMCPEndpointRequests(t *testing.T) {
+	p := mcpPolicy(t)
+	for _, tc := range []struct {
+		method, host string
+		port         uint16
+		path, body   string
+		allowed      bool
+		reason       string
+	}{
+		{"GET", "mcp.example.com", 443, "/mcp", "", true, ReasonAllowedByRule},    // the server's event stream
+		{"DELETE", "mcp.example.com", 443, "/mcp", "", true, ReasonAllowedByRule}, // the session's end
+		{"PUT", "mcp.example.com", 443, "/mcp", "", false, ReasonNoRequestRule},
+		{"POST", "mcp.example.com", 443, "/other", call("search"), false, ReasonNoRequestRule},
+		{"POST", "mcp.example.com", 443, "/mcp/../mcp", call("search"), true, ReasonAllowedByRule},
+		{"POST", "mcp.example.com", 80, "/mcp", call("search"), false, ReasonPortNotListed},
+		{"POST", "tools.example.com", 8443, "/v1/mcp", call("lookup"), true, ReasonAllowedByRule},
+		{"POST", "tools.example.com", 8443, "/v1/mcp", `{"jsonrpc":"2.0","id":1,"method":"ping"}`, false, ReasonMCPMethod}, // its own list
+		{"POST", "tools.example.com", 8443, "/v1/mcp", "", false, ReasonMCPNotJSONRPC},
+	} {
+		r := httptest.NewRequest(tc.method, "https://"+tc.host+tc.path, strings.NewReader(tc.body))
+		r.URL.RawPath = tc.path
+		d := p.DecideHTTP(r, tc.host, tc.port)
+		assert.Equal(t, tc.allowed, d.Allowed, "%s %s:%d%s %+v", tc.method, tc.host, tc.port, tc.path, d)
+		assert.Equal(t, tc.reason, d.Reason, "%s %s:%d%s", tc.method, tc.host, tc.port, tc.path)
+	}
+
+	big := httptest.NewRequest("POST", "https://mcp.example.com/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"q":"`+strings.Repeat("x", MaxMCPBody)+`"}}}`))
+	d := p.DecideHTTP(big, "mcp.example.com", 443)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, ReasonMCPTooLarge, d.Reason)
+
+	// Other hosts' requests are not read.
+	open, err := New(Config{Mode: Open})
+	require.NoError(t, err)
+	r := httptest.NewRequest("POST", "https://example.com/mcp", strings.NewReader("not json"))
+	body := r.Body
+	assert.True(t, open.DecideHTTP(r, "example.com", 443).Allowed)
+	assert.Equal(t, body, r.Body, "a body read that needed no judging")
+}
+
+func TestMCPEntryErrors(t *testing.T) {
+	for _, tc := range []struct{ entry, want string }{
+		{"mcp https://mcp.example.com/mcp", "names the tools"},
+		{"mcp https://mcp.example.com/mcp tool=search", "takes tools=a,b"},
+		{"mcp ftp://mcp.example.com/mcp tools=a", "http or https URL"},
+		{"mcp https://user@mcp.example.com/mcp tools=a", "http or https URL"},
+		{"mcp https://mcp.example.com/mcp?x=1 tools=a", "http or https URL"},
+		{"mcp https://203.0.113.1/mcp tools=a", "must be a name"},
+		{"mcp https://mcp.example.com/** tools=a", "one path"},
+	} {
+		_, err := New(Config{Allow: []string{tc.entry}})
+		if assert.Error(t, err, tc.entry) {
+			assert.Contains(t, err.Error(), tc.want, tc.entry)
+		}
+	}
+}
+
+// FuzzMCPMessages: no body panics the judge, and a body it allows calls
+// only listed tools.
+func FuzzMCPMessages(f *testing.F) {
+	for _, s := range []string{call("search"), "[" + call("search") + "," + call("exec") + "]", `{"jsonrpc":"2.0","id":"x","result":{}}`, `{"jsonrpc":"2.0","method":"ping"}`, `[]`, `{`, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec"},"Params":{}}`} {
+		f.Add(s)
+	}
+	rule := &mcpRule{tools: []string{"search"}, methods: DefaultMCPMethods}
+	f.Fuzz(func(t *testing.T, body string) {
+		tools, why := rule.judge([]byte(body))
+		if why == "" {
+			for _, tool := range tools {
+				require.Equal(t, "search", tool, "allowed %q", body)
+			}
+		}
+	})
+}
+
