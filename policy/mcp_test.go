@@ -148,4 +148,3 @@ func FuzzMCPMessages(f *testing.F) {
 		}
 	})
 }
-
