@@ -416,6 +416,10 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if d.Rule != "" {
 			details += ": " + d.Rule
 		}
+		if d.JSONRPCReply != "" {
+			httpfwd.RefuseJSONRPC(cw, details, d.JSONRPCReply)
+			return
+		}
 		httpfwd.Refuse(cw, http.StatusForbidden, "http_request_denied", details, true)
 		return
 	}

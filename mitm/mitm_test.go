@@ -48,7 +48,7 @@ func upstreamCert(root *CA) func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	leaves := &Leaves{CA: root}
 	return func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 		switch {
-		case hello.ServerName == "api.test", hello.ServerName == "other.test", hello.ServerName == "open.test",
+		case hello.ServerName == "api.test", hello.ServerName == "other.test", hello.ServerName == "open.test", hello.ServerName == "mcp.test",
 			strings.HasSuffix(hello.ServerName, ".amazonaws.com"), strings.HasSuffix(hello.ServerName, "github.com"):
 			return leaves.Get(hello.ServerName)
 		}

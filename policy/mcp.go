@@ -33,8 +33,9 @@ type MCPEndpoint struct {
 
 // DefaultMCPMethods are the methods an MCP endpoint allows besides
 // tools/call when its entry names none: what a client needs to start a
-// session and find and call tools.
-var DefaultMCPMethods = []string{"initialize", "notifications/initialized", "notifications/cancelled", "ping", "tools/list"}
+// session (initialize, or server/discover from protocol 2026-07-28 on)
+// and find and call tools.
+var DefaultMCPMethods = []string{"server/discover", "initialize", "notifications/initialized", "notifications/cancelled", "ping", "tools/list"}
 
 // MaxMCPBody bounds a message posted to an MCP endpoint: a larger one is
 // refused, since it cannot be judged.
@@ -165,9 +166,64 @@ func (p *Policy) DecideHTTP(r *http.Request, host string, port uint16) Decision 
 	tools, why := rule.judge(body)
 	d.Tool = strings.Join(tools, ",")
 	if why != "" {
-		return deny(why)
+		refused := deny(why)
+		if !refused.Allowed {
+			refused.JSONRPCReply = rpcRefusal(body, why)
+		}
+		return refused
 	}
 	return d
+}
+
+// MCPErrorCode is the JSON-RPC error code of a message the gateway
+// refused: in the range JSON-RPC leaves to servers.
+const MCPErrorCode = -32001
+
+// rpcRefusal is the JSON-RPC answer to a refused body: an error for each
+// request in it (notifications and responses get none), in the body's
+// shape (one object, or an array for a batch); "" when it has no request
+// to answer, or is not JSON-RPC.
+func rpcRefusal(body []byte, reason string) string {
+	body = bytes.TrimSpace(body)
+	// A fresh slice to unmarshal into: json.RawMessage reuses what it is
+	// given, and body is what goes on to the server.
+	var messages []json.RawMessage
+	batch := len(body) > 0 && body[0] == '['
+	if !batch {
+		messages = []json.RawMessage{body}
+	} else if json.Unmarshal(body, &messages) != nil {
+		return ""
+	}
+	type rpcError struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	}
+	type reply struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   rpcError        `json:"error"`
+	}
+	var replies []reply
+	for _, raw := range messages {
+		msg, ok := exactObject(raw)
+		if !ok {
+			return ""
+		}
+		_, isCall := msg["method"]
+		if id, ok := msg["id"]; ok && isCall {
+			replies = append(replies, reply{JSONRPC: "2.0", ID: id, Error: rpcError{Code: MCPErrorCode, Message: "egress denied: " + reason}})
+		}
+	}
+	var out []byte
+	switch {
+	case len(replies) == 0:
+		return ""
+	case batch:
+		out, _ = json.Marshal(replies)
+	default:
+		out, _ = json.Marshal(replies[0])
+	}
+	return string(out)
 }
 
 // judge judges a body of JSON-RPC messages: the tools it calls, and why

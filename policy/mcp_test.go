@@ -148,3 +148,22 @@ func FuzzMCPMessages(f *testing.F) {
 		}
 	})
 }
+
+// TestMCPRefusalIsAJSONRPCError: a refused message is answered with a
+// JSON-RPC error for each request in it, so that the client's session
+// goes on; a body with no request to answer gets none (an HTTP refusal).
+func TestMCPRefusalIsAJSONRPCError(t *testing.T) {
+	p := mcpPolicy(t)
+	for _, tc := range []struct{ body, reply string }{
+		{call("exec"), `{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"egress denied: the MCP tool is not allowed"}}`},
+		{`[` + call("search") + `,{"jsonrpc":"2.0","method":"notifications/progress"},{"jsonrpc":"2.0","id":"b","method":"tools/call","params":{"name":"exec"}}]`,
+			`[{"jsonrpc":"2.0","id":1,"error":{"code":-32001,"message":"egress denied: the MCP method is not allowed"}},{"jsonrpc":"2.0","id":"b","error":{"code":-32001,"message":"egress denied: the MCP method is not allowed"}}]`},
+		{`{"jsonrpc":"2.0","method":"notifications/progress"}`, ""},
+		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec"},"Params":{}}`, ""},
+	} {
+		r := httptest.NewRequest("POST", "https://mcp.example.com/mcp", strings.NewReader(tc.body))
+		d := p.DecideHTTP(r, "mcp.example.com", 443)
+		assert.False(t, d.Allowed, tc.body)
+		assert.Equal(t, tc.reply, d.JSONRPCReply, tc.body)
+	}
+}

@@ -118,7 +118,13 @@ type Decision struct {
 	// Tool names the MCP tools a request calls (comma-separated, for a
 	// batch), as DecideHTTP read them.
 	Tool string
-	mcp  *mcpRule // the MCP endpoint whose messages DecideHTTP judges
+	// JSONRPCReply, on a refused MCP message, is the JSON-RPC answer that
+	// tells the client: an error (MCPErrorCode) for each request in it. A
+	// proxy answers it with status 200 rather than 403, so that the
+	// client's session goes on (MCP clients end a session on an HTTP
+	// error). Empty when there is no request to answer.
+	JSONRPCReply string
+	mcp          *mcpRule // the MCP endpoint whose messages DecideHTTP judges
 }
 
 // AgentFunc identifies the agent behind a source address and returns its

@@ -31,6 +31,9 @@ type answer struct {
 	// unrecorded: a source that no agent owns refused more often than
 	// its records are kept (so that strangers cannot fill the log).
 	unrecorded bool
+	// jsonrpc, for a refused MCP message, is the JSON-RPC answer sent
+	// instead of an HTTP error (policy.Decision.JSONRPCReply).
+	jsonrpc string
 }
 
 // denied is a refusal by the policy or the gateway's rules.
@@ -45,6 +48,9 @@ func refusedBy(d policy.Decision) answer {
 	if d.Rule != "" {
 		a.details = d.Reason + ": " + d.Rule
 	}
+	if d.JSONRPCReply != "" {
+		a.status, a.jsonrpc = http.StatusOK, d.JSONRPCReply
+	}
 	return a
 }
 
@@ -54,6 +60,10 @@ func (a answer) write(w http.ResponseWriter) {
 	details := a.details
 	if details == "" {
 		details = a.why
+	}
+	if a.jsonrpc != "" {
+		httpfwd.RefuseJSONRPC(w, details, a.jsonrpc)
+		return
 	}
 	if a.challenge {
 		w.Header().Set("Proxy-Authenticate", `Basic realm="`+ProxyStatusName+`"`)

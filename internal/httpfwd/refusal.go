@@ -1,6 +1,7 @@
 package httpfwd
 
 import (
+	"io"
 	"net/http"
 	"strings"
 )
@@ -21,6 +22,16 @@ func Refuse(w http.ResponseWriter, status int, errType, details string, refused 
 		prefix = "egress: "
 	}
 	http.Error(w, prefix+details, status)
+}
+
+// RefuseJSONRPC answers a refused JSON-RPC message with reply, the
+// JSON-RPC errors that say so, with status 200 so that the client's
+// session goes on, and the Proxy-Status field of any refusal.
+func RefuseJSONRPC(w http.ResponseWriter, details, reply string) {
+	w.Header().Set("Proxy-Status", ProxyStatus("http_request_denied", details))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, reply)
 }
 
 // ProxyStatus is a Proxy-Status field value: this proxy, the error type,

@@ -122,3 +122,25 @@ func TestUnknownKeySuggested(t *testing.T) {
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "is spelt", "a key like no other gets no suggestion")
 }
+
+// TestRequestEntriesFromDocument: request entries are allow and deny
+// entries like any other, and MCP endpoints have a key of their own
+// whose members are checked like the rest.
+func TestRequestEntriesFromDocument(t *testing.T) {
+	p, err := Parse([]byte(`enforce: true
+allowOut:
+  - GET,HEAD api.github.com/repos/acme/*
+deny:
+  - DELETE *.github.com/**
+mcp:
+  - url: https://mcp.example.com/mcp
+    tools: [search]
+`))
+	require.NoError(t, err)
+	assert.True(t, p.DecideRequest("api.github.com", 443, "GET", "/repos/acme/widgets").Allowed)
+	assert.False(t, p.DecideRequest("api.github.com", 443, "DELETE", "/repos/acme/widgets").Allowed)
+	assert.Equal(t, "mcp https://mcp.example.com/mcp", p.DecideRequest("mcp.example.com", 443, "GET", "/mcp").Rule)
+
+	_, err = Parse([]byte("enforce: true\nmcp:\n  - url: https://mcp.example.com/mcp\n    tool: [search]\n"))
+	require.Error(t, err, "a misspelt key of an MCP endpoint")
+}
