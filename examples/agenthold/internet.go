@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/base64"
@@ -22,6 +23,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/agenthold/egress/examples/netns"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/agenthold/egress/mitm"
 )
 
@@ -47,6 +50,7 @@ var fakeHosts = map[string]string{
 	"slow.example.com.":       "198.18.10.8",
 	"pypi.org.":               "198.18.10.9",
 	"files.pythonhosted.org.": "198.18.10.9",
+	"mcp.example.com.":        "198.18.10.10",
 }
 
 // slowZone is a domain whose authoritative server takes slowDNSDelay to
@@ -109,6 +113,7 @@ func startInternet(ns *netns.NS, dir string) (*internet, error) {
 			{"198.18.10.7:443", "echo.example.com", http.HandlerFunc(fakeEcho)},
 			{"198.18.10.8:443", "slow.example.com", http.HandlerFunc(fakeSlow)},
 			{"198.18.10.9:443", "pypi.org", http.HandlerFunc(fakePyPI)},
+			{"198.18.10.10:443", "mcp.example.com", fakeMCP()},
 		}
 		for _, s := range services {
 			ln, err := net.Listen("tcp", s.addr)
@@ -319,6 +324,24 @@ func makeGitRepo(dir string) (string, error) {
 		return "", fmt.Errorf("git symbolic-ref: %v: %s", err, out)
 	}
 	return root, nil
+}
+
+// fakeMCP is an MCP server (the official SDK's, Streamable HTTP at /mcp)
+// with two tools: search, and exec, which an agent's policy would rather
+// it did not call.
+func fakeMCP() http.Handler {
+	s := mcp.NewServer(&mcp.Implementation{Name: "demo-tools", Version: "1"}, nil)
+	type args struct {
+		Query string `json:"query"`
+	}
+	for _, name := range []string{"search", "exec"} {
+		mcp.AddTool(s, &mcp.Tool{Name: name, Description: "the demo's " + name}, func(_ context.Context, _ *mcp.CallToolRequest, in args) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: name + " ran " + in.Query}}}, nil, nil
+		})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	return mux
 }
 
 // fakeEcho answers with the request's headers: the kind of service the

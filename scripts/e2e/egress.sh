@@ -63,6 +63,7 @@ check "policy change: denied again"           refuse bob 'curl -sS https://api.a
 goget_dir=$(mktemp -d -p /var/lib agenthold-e2e-XXXXXX) && chmod 755 "$goget_dir"
 trap 'rm -rf "$goget_dir"' EXIT
 go build -o "$goget_dir/goget" ./scripts/e2e/goget || echo "the Go client did not build"
+go build -o "$goget_dir/mcpcall" ./scripts/e2e/mcpcall || echo "the MCP client did not build"
 no_proxy_vars='unset HTTPS_PROXY HTTP_PROXY https_proxy http_proxy;'
 both() { # both NAME TOOL AGENT SCRIPT PATTERN
 	local name=$1 tool=$2 agent=$3 script=$4 pattern=$5
@@ -100,7 +101,8 @@ check "matrix: the denied lookups are recorded with their reason" bash -c "'$AH'
 # request on one connection is judged by its method and path; her policy
 # is put back after.
 "$AH" policy set alice --mode allowlist --allow 'GET,HEAD api.anthropic.com/v1/models' \
-	--allow 'GET github.com/demo/hello.git/info/refs' --allow 'POST github.com/demo/hello.git/git-upload-pack' >/dev/null
+	--allow 'GET github.com/demo/hello.git/info/refs' --allow 'POST github.com/demo/hello.git/git-upload-pack' \
+	--allow 'mcp https://mcp.example.com/mcp tools=search' >/dev/null
 check "request entries: curl, an allowed GET"     expect alice "curl -sS $api" 'demo-model'
 check "request entries: curl, a POST refused"     expect alice "curl -sS -o /dev/null -w '%{http_code} %header{proxy-status}' https://api.anthropic.com/v1/messages -d {}" '^403 .*no request rule allows the method and path'
 check "request entries: both on one connection"   expect alice "curl -sS -o /dev/null -w '%{http_code} %{num_connects} ' $api --next -o /dev/null -w '%{http_code} %{num_connects}' -X DELETE $api" '^200 1 403 0$'
@@ -110,6 +112,10 @@ if [ -x "$goget_dir/goget" ]; then
 	check "request entries: a Go client over HTTP/2, allowed" expect alice "$goget_dir/goget $api 2>&1 | tr '\n' ' '" 'demo-model.*HTTP/2.0'
 	check "request entries: a Go client over HTTP/2, refused" expect alice "$goget_dir/goget https://api.anthropic.com/v1/files 2>&1 | tr '\n' ' '" 'HTTP/2.0.*403 Forbidden'
 fi
+check "request entries: an MCP client, one tool allowed, one refused, the session goes on" \
+	expect alice "$goget_dir/mcpcall https://mcp.example.com/mcp search exec search 2>&1 | tr '\n' ' '" \
+	'^search: search ran e2e exec: error: .*egress denied: the MCP tool is not allowed.* search: search ran e2e $'
+check "request entries: the MCP refusal recorded with the tool" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"tool\":\"exec\"' | grep -q '\"reason\":\"the MCP tool is not allowed\"'"
 check "request entries: refusals recorded with method, path and reason" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"method\":\"POST\"' | grep '\"path\":\"/demo/hello.git/git-receive-pack\"' | grep -q '\"reason\":\"no request rule allows the method and path\"'"
 "$AH" policy set alice --mode allowlist --allow api.anthropic.com --allow github.com --allow '*.npmjs.org' --allow ssh.example.net:22 \
 	--allow www.example.com --allow echo.example.com --allow pypi.org --allow files.pythonhosted.org >/dev/null
