@@ -24,6 +24,9 @@ type Observation struct {
 	// in report mode, and not failed upstream); the rest were only
 	// attempted.
 	Succeeded bool
+	// Method and Path are an HTTP request's (plain, or intercepted), for
+	// suggesting request entries.
+	Method, Path string
 }
 
 // SuggestConfig tunes Suggest.
@@ -33,6 +36,13 @@ type SuggestConfig struct {
 	// parent is not a public suffix. Zero never collapses; nothing ever
 	// becomes "*".
 	Collapse int
+	// Requests proposes request entries ("GET,POST api.example.com/v1/x")
+	// for the hosts whose requests were seen, instead of entries for the
+	// whole host; CollapseIDs then writes ID-like path segments (numbers,
+	// UUIDs, long tokens with digits) as "*". Hosts only connected to keep
+	// host entries.
+	Requests    bool
+	CollapseIDs bool
 }
 
 // SuggestedEntry is an entry of a suggestion, with what supports it.
@@ -102,10 +112,15 @@ func Suggest(obs []Observation, cfg SuggestConfig) Suggestion {
 			delete(attempted, key) // it worked at least once
 		}
 	}
+	var requests []SuggestedEntry
+	if cfg.Requests {
+		requests = suggestRequests(obs, used, cfg.CollapseIDs)
+	}
 	if cfg.Collapse > 0 {
 		collapse(used, cfg.Collapse)
 	}
-	s := Suggestion{Used: entries(used), Attempted: entries(attempted)}
+	s := Suggestion{Used: append(entries(used), requests...), Attempted: entries(attempted)}
+	slices.SortFunc(s.Used, func(a, b SuggestedEntry) int { return strings.Compare(a.Entry, b.Entry) })
 	enforce := true
 	s.Document = Document{Enforce: &enforce, Mode: "allowlist"}
 	for _, e := range s.Used {

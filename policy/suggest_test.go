@@ -106,3 +106,62 @@ func TestSuggestNeverLearnsSideDoors(t *testing.T) {
 	assert.False(t, p.Decide("exfil.workers.dev", 443).Allowed)
 	assert.False(t, p.Decide("dns.google", 443).Allowed)
 }
+
+// TestSuggestRequests: with Requests, hosts whose requests were seen get
+// request entries, exact unless IDs are collapsed; their other ports and
+// other hosts keep host entries; the suggestion compiles and allows what
+// was done and no more.
+func TestSuggestRequests(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	req := func(host string, port uint16, method, path string) Observation {
+		return Observation{Host: host, Port: port, Time: t0, Succeeded: true, Method: method, Path: path}
+	}
+	obs := []Observation{
+		{Host: "api.github.com", Port: 443, Time: t0, Succeeded: true}, // the intercepted connection
+		req("api.github.com", 443, "GET", "/repos/acme/widgets"),
+		req("api.github.com", 443, "HEAD", "/repos/acme/widgets"),
+		req("api.github.com", 443, "GET", "/repos/acme/widgets/issues/42"),
+		req("api.github.com", 443, "POST", "/repos/acme/widgets/issues/17"),
+		req("api.github.com", 443, "GET", "/repos/acme/widgets/commits/9f86d081884c7d659a2feaa0c55ad015"),
+		req("api.github.com", 443, "GET", "/a*b"),
+		{Host: "github.com", Port: 22, Time: t0, Succeeded: true},
+		req("files.example", 8080, "GET", "/dist/x.tar.gz"),
+		{Host: "files.example", Port: 8080, Time: t0, Succeeded: true},
+		{Host: "registry.npmjs.org", Port: 443, Time: t0, Succeeded: true},
+		{Host: "evil.example", Port: 443, Time: t0, Succeeded: false, Method: "GET", Path: "/x"},
+	}
+	s := Suggest(obs, SuggestConfig{Requests: true})
+	assert.Equal(t, []string{
+		"GET api.github.com/a%2Ab",
+		"GET api.github.com/repos/acme/widgets/commits/9f86d081884c7d659a2feaa0c55ad015",
+		"GET api.github.com/repos/acme/widgets/issues/42",
+		"GET files.example:8080/dist/x.tar.gz",
+		"GET,HEAD api.github.com/repos/acme/widgets",
+		"POST api.github.com/repos/acme/widgets/issues/17",
+		"github.com:22",
+		"registry.npmjs.org",
+	}, s.Document.Allow)
+	p, err := s.Document.Compile()
+	require.NoError(t, err)
+	assert.True(t, p.DecideRequest("api.github.com", 443, "HEAD", "/repos/acme/widgets").Allowed)
+	assert.True(t, p.DecideRequest("api.github.com", 443, "GET", "/a*b").Allowed)
+	assert.False(t, p.DecideRequest("api.github.com", 443, "DELETE", "/repos/acme/widgets").Allowed)
+	assert.False(t, p.DecideRequest("api.github.com", 443, "GET", "/repos/acme/widgets/issues/43").Allowed, "no ID collapsed unless asked")
+	assert.False(t, p.DecideRequest("files.example", 8080, "GET", "/dist/y.tar.gz").Allowed)
+	assert.True(t, p.Decide("github.com", 22).Allowed)
+
+	collapsed := Suggest(obs, SuggestConfig{Requests: true, CollapseIDs: true})
+	assert.Equal(t, []string{
+		"GET api.github.com/a%2Ab",
+		"GET api.github.com/repos/acme/widgets/commits/*",
+		"GET files.example:8080/dist/x.tar.gz",
+		"GET,HEAD api.github.com/repos/acme/widgets",
+		"GET,POST api.github.com/repos/acme/widgets/issues/*",
+		"github.com:22",
+		"registry.npmjs.org",
+	}, collapsed.Document.Allow)
+	p, err = collapsed.Document.Compile()
+	require.NoError(t, err)
+	assert.True(t, p.DecideRequest("api.github.com", 443, "POST", "/repos/acme/widgets/issues/43").Allowed)
+	assert.False(t, p.DecideRequest("api.github.com", 443, "POST", "/repos/acme/widgets/issues/43/comments").Allowed)
+}

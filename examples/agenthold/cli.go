@@ -54,13 +54,19 @@ func init() {
 		{name: "policy show", synopsis: "AGENT", run: cmdPolicyShow,
 			help: "Print an agent's policy."},
 		{name: "policy set", synopsis: "AGENT [--mode open|allowlist] [--allow ENTRY]... [--allow-private] [--report] [QUOTA FLAGS]", run: cmdPolicySet,
-			help: "Replace an agent's policy; the next connection and DNS query use it.\n" +
-				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22"},
-		{name: "policy suggest", synopsis: "AGENT [--since DURATION] [--collapse N] [--apply]", run: cmdPolicySuggest,
+			help: "Replace an agent's policy; the next connection, DNS query and request use it.\n" +
+				"Example: agenthold policy set bob --mode allowlist --allow www.example.com --allow github.com:22\n" +
+				"Request entries allow some requests only, by method and path (* one segment, ** any), and deny others:\n" +
+				"  --allow 'GET,HEAD api.github.com/repos/acme/*' --allow 'github.com/acme/scratch.git/**' --allow '!DELETE *.github.com/**'\n" +
+				"MCP entries allow an MCP endpoint and the tools an agent may call on it:\n" +
+				"  --allow 'mcp https://mcp.example.com/mcp tools=search,fetch'"},
+		{name: "policy suggest", synopsis: "AGENT [--since DURATION] [--collapse N] [--requests [--collapse-ids]] [--apply]", run: cmdPolicySuggest,
 			help: "Propose the smallest allowlist that covers what the agent did.\n" +
 				"Run the agent in report mode first (policy set AGENT --mode allowlist --report). It prints the policy file and the policy set command,\n" +
 				"with how often and when each entry was used, and what was only attempted; --apply sets it.\n" +
-				"--collapse N turns N or more sibling names into one *.parent entry (never *)."},
+				"--collapse N turns N or more sibling names into one *.parent entry (never *).\n" +
+				"--requests proposes request entries (method and path) for the hosts whose requests were seen;\n" +
+				"--collapse-ids then writes ID-like path segments (numbers, UUIDs, long tokens) as *."},
 		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... [--header NAME] [--template T] [--path P]... [--mode M] [--replace-in P]... [--body-type T]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
 			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument.\n" +
 				"--template is a Go template of the header's value: {{.Value}} is the secret, and base64 is available.\n" +
@@ -212,7 +218,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
 	mode := fs.String("mode", defaultMode, "open (any public address) or allowlist (only --allow entries)")
 	var allow stringList
-	fs.Var(&allow, "allow", "an allow entry (repeatable): github.com, *.npmjs.org, github.com:22, 203.0.113.0/24:443, *")
+	fs.Var(&allow, "allow", `an allow entry (repeatable): github.com, *.npmjs.org, github.com:22, 203.0.113.0/24:443, *, 'GET api.github.com/repos/**', '!DELETE github.com/**', 'mcp https://host/mcp tools=a,b'`)
 	private := fs.Bool("allow-private", false, "allow private networks (RFC 1918, ULA, CGNAT)")
 	report := fs.Bool("report", false, "report mode: allow what the policy would deny, and record it (then: policy suggest)")
 	var q QuotaSpec
@@ -319,6 +325,8 @@ func cmdPolicySet(env *cliEnv, fs *flag.FlagSet, args []string) error {
 func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	since := fs.String("since", "", "learn from records since: a duration (1h) or an RFC 3339 time (default: all kept)")
 	collapseN := fs.Int("collapse", 0, "collapse N or more sibling names into *.parent (0: never)")
+	requests := fs.Bool("requests", false, "propose request entries (method and path) for hosts whose requests were seen")
+	collapseIDs := fs.Bool("collapse-ids", false, "with --requests: write ID-like path segments as *")
 	apply := fs.Bool("apply", false, "set the suggested policy (keeping private networks and quotas)")
 	pos, err := parse(fs, args, 1)
 	if err != nil {
@@ -342,7 +350,7 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	if err != nil {
 		return err
 	}
-	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN})
+	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN, Requests: *requests, CollapseIDs: *collapseIDs})
 	learn.WriteSupport(os.Stdout, s, agent, len(obs), skipped)
 	next := PolicySpec{Mode: "allowlist", Allow: s.Document.Allow, AllowPrivateNetworks: current.AllowPrivateNetworks, Quotas: current.Quotas}
 	for _, e := range current.Allow {

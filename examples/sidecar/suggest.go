@@ -25,6 +25,8 @@ func cmdSuggest(args []string) error {
 	logPath := fs.String("log", "", "the JSON-lines log serve --log wrote (required)")
 	current := fs.String("policy", "", "the current policy file, whose deny entries, dohEndpoints and private-network setting the suggestion keeps")
 	collapse := fs.Int("collapse", 0, "collapse N or more sibling names into *.parent (0: never)")
+	requests := fs.Bool("requests", false, "propose request entries (method and path) for hosts whose requests were seen")
+	collapseIDs := fs.Bool("collapse-ids", false, "with --requests: write ID-like path segments as *")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -50,7 +52,7 @@ func cmdSuggest(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *logPath, err)
 	}
-	return writeSuggestion(os.Stdout, policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapse}), keep, len(obs), skipped)
+	return writeSuggestion(os.Stdout, policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapse, Requests: *requests, CollapseIDs: *collapseIDs}), keep, len(obs), skipped)
 }
 
 // suggestedFile is the sidecar's policy file as a suggestion writes it.

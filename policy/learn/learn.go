@@ -34,6 +34,9 @@ func Observation(r egresslog.Record) (policy.Observation, bool) {
 			return policy.Observation{}, false
 		}
 		o.Succeeded = o.Succeeded && !strings.HasPrefix(r.Reason, "upstream")
+		if r.Kind == egresslog.KindHTTP {
+			o.Method, o.Path = r.Method, r.Path
+		}
 	default:
 		return policy.Observation{}, false
 	}

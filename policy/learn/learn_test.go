@@ -41,6 +41,18 @@ func TestObservation(t *testing.T) {
 	}
 }
 
+// TestObservationOfARequest: an HTTP record gives its method and path,
+// from which request entries are suggested; other records give none.
+func TestObservationOfARequest(t *testing.T) {
+	o, ok := Observation(egresslog.Record{Agent: "a", Kind: egresslog.KindHTTP, Host: "api.test", Port: 443, Method: "POST", Path: "/v1/x", Allowed: true, Status: 200})
+	require.True(t, ok)
+	assert.Equal(t, "POST", o.Method)
+	assert.Equal(t, "/v1/x", o.Path)
+	o, ok = Observation(egresslog.Record{Agent: "a", Kind: egresslog.KindTLS, Host: "api.test", Port: 443, Method: "GET", Allowed: true})
+	require.True(t, ok)
+	assert.Empty(t, o.Method+o.Path)
+}
+
 func TestRead(t *testing.T) {
 	var b strings.Builder
 	for _, r := range []egresslog.Record{

@@ -117,6 +117,7 @@ check "request entries: an MCP client, one tool allowed, one refused, the sessio
 	'^search: search ran e2e exec: error: .*egress denied: the MCP tool is not allowed.* search: search ran e2e $'
 check "request entries: the MCP refusal recorded with the tool" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"tool\":\"exec\"' | grep -q '\"reason\":\"the MCP tool is not allowed\"'"
 check "request entries: refusals recorded with method, path and reason" bash -c "'$AH' log --json --denied --agent alice --limit 0 | grep '\"method\":\"POST\"' | grep '\"path\":\"/demo/hello.git/git-receive-pack\"' | grep -q '\"reason\":\"no request rule allows the method and path\"'"
+check "request entries: policy suggest --requests proposes them" bash -c "'$AH' policy suggest alice --requests | grep -qE '\"GET[A-Z,]* api.anthropic.com/v1/models\"|- GET[A-Z,]* api.anthropic.com/v1/models'"
 "$AH" policy set alice --mode allowlist --allow api.anthropic.com --allow github.com --allow '*.npmjs.org' --allow ssh.example.net:22 \
 	--allow www.example.com --allow echo.example.com --allow pypi.org --allow files.pythonhosted.org >/dev/null
 
