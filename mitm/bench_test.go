@@ -257,6 +257,40 @@ func BenchmarkKeptAliveRequests(b *testing.B) {
 		func(n int) float64 { return getRate(b, intercepted, "https://api.test/", n, 1) })
 }
 
+// BenchmarkRulesOnlyHost sends b.N requests one after another on a
+// kept-alive intercepted connection (through the transparent proxy) to a
+// host intercepted only because request entries judge its requests, and
+// to a credential host allowed in full, interleaved, and reports both
+// rates and their ratio: what judging each request by method and path
+// costs beside what interception costs anyway.
+func BenchmarkRulesOnlyHost(b *testing.B) {
+	r := newRig(b)
+	var err error
+	r.pol, err = policy.New(policy.Config{Allow: []string{"api.test:*", "GET,HEAD other.test:*/v1/items/*", "!DELETE other.test:*/**"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	require.NoError(b, err)
+	proxy := r.viaTProxy(b, true)
+	credential, rulesOnly := r.clientFor(proxy, true), r.clientFor(proxy, true)
+	for _, x := range []struct {
+		c           *http.Client
+		method, url string
+		status      int
+	}{
+		{credential, "GET", "https://api.test/v1/items/7", http.StatusOK},
+		{rulesOnly, "GET", "https://other.test/v1/items/7", http.StatusOK},
+		{rulesOnly, "DELETE", "https://other.test/v1/items/7", http.StatusForbidden}, // the entries are in force
+	} {
+		req, _ := http.NewRequest(x.method, x.url, nil)
+		resp, err := x.c.Do(req)
+		require.NoError(b, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(b, x.status, resp.StatusCode, "%s %s", x.method, x.url)
+	}
+	compare(b, "req/s", "credential", "rules-only",
+		func(n int) float64 { return getRate(b, credential, "https://api.test/v1/items/7", n, 1) },
+		func(n int) float64 { return getRate(b, rulesOnly, "https://other.test/v1/items/7", n, 1) })
+}
+
 // BenchmarkMultiplexedRequests sends b.N requests, 16 at a time, as
 // streams of one HTTP/2 connection, intercepted and direct, interleaved,
 // and reports both rates and their ratio: the cost of interception when
