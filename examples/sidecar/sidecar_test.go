@@ -237,6 +237,25 @@ func TestPodInNamespaces(t *testing.T) {
 	require.Contains(t, out, "credential-seen=false", "another host got the credential")
 	require.Contains(t, out, testPlaceholder, "to another host")
 
+	step("request entries in the policy file: each request judged by its method and path")
+	p.writePolicy("enforce: true\nallowOut: ['GET,HEAD api.test/public/**', other.test]\ndeny: ['DELETE other.test/**']\n")
+	p.awaitHTTP(false) // "/" is not under /public
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"http://api.test/public/x"}, "^200 $"},
+		{[]string{"-X", "POST", "http://api.test/public/x"}, "^403 .*no request rule allows the method and path"},
+		{[]string{"http://api.test/public/../admin"}, "^403 "},
+		{[]string{"--cacert", p.bundle, "https://other.test/x"}, "^200 $"}, // intercepted: a deny entry judges its requests
+		{[]string{"--cacert", p.bundle, "-X", "DELETE", "https://other.test/x"}, "^403 .*a deny entry matches: !DELETE other.test/\\*\\*"},
+	} {
+		args := append([]string{"-sS", "--max-time", "5", "--path-as-is", "-o", "/dev/null", "-w", "%{http_code} %header{proxy-status}"}, tc.args...)
+		out, err := p.sandbox("curl", args...)
+		require.NoError(t, err, "curl %v: %q", tc.args, out)
+		assert.Regexp(t, tc.want, out, "curl %v", tc.args)
+	}
+
 	step("the exempt uid bypasses the redirect, and no other uid does")
 	p.writePolicy("enforce: true\nallowOut: [other.test]\n")
 	p.awaitHTTP(false)
