@@ -47,12 +47,17 @@
 //   - What is allowed. policy decides (Policy.Decide, DecideAddr,
 //     DecidePort, DialCheck); each request is judged by the agent's policy
 //     as policy.Current returns it then: tproxy judges the name a
-//     connection or request carries (SNI, Host, CONNECT target) with
-//     Decide, and a raw TCP connection with one decision (judgeRaw, which
-//     always looks up the name the agent resolved); mitm judges every
-//     intercepted request and HTTP/2 stream; dnsfilter every query;
-//     policy.DialCheck every address at dial time. A changed policy ends
-//     what it no longer allows (tproxy's Rejudge).
+//     connection carries (SNI, CONNECT target) with Decide, and a raw TCP
+//     connection with one decision (judgeRaw, which always looks up the
+//     name the agent resolved); every HTTP request, plain (tproxy) or
+//     intercepted (mitm: HTTP/1.1, each HTTP/2 stream, WebSocket
+//     upgrades), passes Policy.DecideHTTP, which judges its host, its
+//     method and path under request entries, and an MCP endpoint's
+//     JSON-RPC messages; dnsfilter judges every query; policy.DialCheck
+//     every address at dial time. A host whose requests must be judged is
+//     intercepted, and tproxy's relay, which every spliced path passes,
+//     refuses it. A changed policy ends what it no longer allows (tproxy's
+//     Rejudge).
 //   - What the sandbox may see of a secret. mitm's redacting writer: in an
 //     exchange that could carry a secret, everything the sandbox is sent
 //     passes it; the upgrade to a WebSocket, which leaves HTTP, passes

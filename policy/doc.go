@@ -21,6 +21,19 @@
 // DoHEndpoints) only by an entry naming the host or address exactly,
 // whatever "*" or Open allow.
 //
+// Request entries allow or deny some requests to a host, by method and
+// path: "GET,HEAD api.github.com/repos/acme/*" ("*" one segment, "**"
+// any number), "github.com/acme/scratch.git/**" (every method),
+// "!DELETE *.github.com/**". A host they name is allowed at the DNS, TLS
+// and connection stages with Decision.Requests set, and each request on
+// it is judged by DecideRequest, or DecideHTTP, which reads an MCP
+// endpoint's messages too ("mcp https://mcp.example.com/mcp
+// tools=search,fetch", or Config.MCP): tools/call by the tool's name,
+// other methods by a list. Paths are judged as a server reads them
+// (parameters dropped, escapes decoded, dot segments resolved, an
+// encoded slash never a boundary for an allow entry); what does not
+// normalise cleanly is refused with its reason.
+//
 // Address deny entries and the resolvers' addresses apply to the
 // addresses an allowed name resolves to as well: [Policy.CheckResolved],
 // at dial time (netguard's Check hook; [DialCheck] for a transport).
