@@ -43,11 +43,12 @@ const MaxMCPBody = 1 << 20
 
 // Reasons of MCP decisions.
 const (
-	ReasonMCPTool       = "the MCP tool is not allowed"
-	ReasonMCPMethod     = "the MCP method is not allowed"
-	ReasonMCPNotJSONRPC = "the MCP message is not JSON-RPC 2.0"
-	ReasonMCPTooLarge   = "the MCP message is larger than the gateway judges"
-	ReasonMCPUnread     = "the MCP message could not be read"
+	ReasonMCPTool         = "the MCP tool is not allowed"
+	ReasonMCPMethod       = "the MCP method is not allowed"
+	ReasonMCPNotJSONRPC   = "the MCP message is not JSON-RPC 2.0"
+	ReasonMCPTooLarge     = "the MCP message is larger than the gateway judges"
+	ReasonMCPUnread       = "the MCP message could not be read"
+	ReasonMCPBodyUnjudged = "a body on a request to an MCP endpoint that is not a POST"
 )
 
 // mcpRule is what an MCP endpoint's request entry allows of the messages
@@ -140,14 +141,22 @@ func compileMCP(e MCPEndpoint) (compiledRequest, error) {
 // HTTP and mitm's intercepted requests both call it.
 func (p *Policy) DecideHTTP(r *http.Request, host string, port uint16) Decision {
 	d := p.DecideRequest(host, port, r.Method, r.URL.EscapedPath())
-	if d.mcp == nil || r.Method != http.MethodPost || !d.Allowed {
-		d.mcp = nil
-		return d
-	}
 	rule := d.mcp
 	d.mcp = nil
+	if rule == nil || !d.Allowed {
+		return d
+	}
 	deny := func(why string) Decision {
 		return p.finish(Decision{Name: d.Name, Rule: d.Rule, Reason: why, Tool: d.Tool, Requests: true})
+	}
+	if r.Method != http.MethodPost {
+		// The event stream and the session's end carry no message: a
+		// body there is one no judge has read, whatever a server does
+		// with it.
+		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+			return deny(ReasonMCPBodyUnjudged)
+		}
+		return d
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return deny(ReasonMCPNotJSONRPC)

@@ -86,6 +86,8 @@ func TestMCPEndpointRequests(t *testing.T) {
 	}{
 		{"GET", "mcp.example.com", 443, "/mcp", "", true, ReasonAllowedByRule},    // the server's event stream
 		{"DELETE", "mcp.example.com", 443, "/mcp", "", true, ReasonAllowedByRule}, // the session's end
+		{"GET", "mcp.example.com", 443, "/mcp", call("exec"), false, ReasonMCPBodyUnjudged},
+		{"DELETE", "mcp.example.com", 443, "/mcp", call("exec"), false, ReasonMCPBodyUnjudged},
 		{"PUT", "mcp.example.com", 443, "/mcp", "", false, ReasonNoRequestRule},
 		{"POST", "mcp.example.com", 443, "/other", call("search"), false, ReasonNoRequestRule},
 		{"POST", "mcp.example.com", 443, "/mcp/../mcp", call("search"), true, ReasonAllowedByRule},
