@@ -315,10 +315,11 @@ func exactObject(raw json.RawMessage) (map[string]json.RawMessage, bool) {
 	for dec.More() {
 		t, err := dec.Token()
 		key, isKey := t.(string)
-		if err != nil || !isKey || folded[strings.ToLower(key)] {
+		lower := strings.ToLower(key) // not a name: a JSON key
+		if err != nil || !isKey || folded[lower] {
 			return nil, false
 		}
-		folded[strings.ToLower(key)] = true
+		folded[lower] = true
 		var v json.RawMessage
 		if dec.Decode(&v) != nil {
 			return nil, false

@@ -289,12 +289,12 @@ func (m methodSet) has(method string, fold bool) bool {
 	}
 	if fold {
 		for i, k := range knownMethods {
-			if m.known&(1<<i) != 0 && strings.EqualFold(method, k) {
+			if m.known&(1<<i) != 0 && strings.EqualFold(method, k) { // not a name: a method
 				return true
 			}
 		}
 		for _, o := range m.other {
-			if strings.EqualFold(method, o) {
+			if strings.EqualFold(method, o) { // not a name: a method
 				return true
 			}
 		}
