@@ -50,7 +50,7 @@ func TestRequestEntriesIntercepted(t *testing.T) {
 				{"GET", "/public/readme", http.StatusOK, ""},
 				{"POST", "/public/readme", http.StatusForbidden, policy.ReasonNoRequestRule},
 				{"POST", "/v1/chat", http.StatusOK, ""},
-				{"GET", "/public/%2e%2e/admin", http.StatusForbidden, policy.ReasonNoRequestRule},
+				{"GET", "/public/%2e%2e/admin", http.StatusForbidden, policy.ReasonPathDotSegment},
 				{"DELETE", "/public/readme", http.StatusForbidden, "a deny entry matches: !DELETE api.test:*/**"},
 				{"HEAD", "/public/readme", http.StatusOK, ""},
 			} {

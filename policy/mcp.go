@@ -49,6 +49,7 @@ const (
 	ReasonMCPTooLarge     = "the MCP message is larger than the gateway judges"
 	ReasonMCPUnread       = "the MCP message could not be read"
 	ReasonMCPBodyUnjudged = "a body on a request to an MCP endpoint that is not a POST"
+	ReasonMCPUpgrade      = "an MCP endpoint is not upgraded to another protocol"
 )
 
 // mcpRule is what an MCP endpoint's request entry allows of the messages
@@ -134,8 +135,10 @@ func compileMCP(e MCPEndpoint) (compiledRequest, error) {
 }
 
 // DecideHTTP judges one HTTP request whose Host names host on port: by
-// its method and path (DecideRequest), and, posted to an MCP endpoint, by
-// its JSON-RPC messages. To judge those it reads the body (up to
+// its method and path (DecideRequest), by the method it may ask an
+// upstream to take instead (X-HTTP-Method-Override and the like, and a
+// _method query parameter), and, posted to an MCP endpoint, by its
+// JSON-RPC messages. To judge those it reads the body (up to
 // MaxMCPBody) and puts back what it read, so that r can be forwarded as
 // it came. It is the one place a proxy judges a request: tproxy's plain
 // HTTP and mitm's intercepted requests both call it.
@@ -143,11 +146,27 @@ func (p *Policy) DecideHTTP(r *http.Request, host string, port uint16) Decision 
 	d := p.DecideRequest(host, port, r.Method, r.URL.EscapedPath())
 	rule := d.mcp
 	d.mcp = nil
+	if d.Allowed && !d.Report && d.Requests {
+		// A method an upstream may take in place of the request's own
+		// (Rails, Laravel, Google's APIs): the request must be allowed as
+		// that method too.
+		for _, m := range overrideMethods(r) {
+			if o := p.DecideRequest(host, port, m, r.URL.EscapedPath()); !o.Allowed || o.Report {
+				o.mcp = nil
+				return o
+			}
+		}
+	}
 	if rule == nil || !d.Allowed {
 		return d
 	}
 	deny := func(why string) Decision {
 		return p.finish(Decision{Name: d.Name, Rule: d.Rule, Reason: why, Tool: d.Tool, Requests: true})
+	}
+	if r.Header.Get("Upgrade") != "" {
+		// A WebSocket (or any protocol) on the endpoint would carry
+		// messages no judge reads.
+		return deny(ReasonMCPUpgrade)
 	}
 	if r.Method != http.MethodPost {
 		// The event stream and the session's end carry no message: a
@@ -214,7 +233,7 @@ func rpcRefusal(body []byte, reason string) string {
 	}
 	var replies []reply
 	for _, raw := range messages {
-		msg, ok := exactObject(raw)
+		msg, ok := exactObject(raw, messageKeys...)
 		if !ok {
 			return ""
 		}
@@ -233,6 +252,29 @@ func rpcRefusal(body []byte, reason string) string {
 		out, _ = json.Marshal(replies[0])
 	}
 	return string(out)
+}
+
+// overrideHeaders carry a method that some upstreams take in place of
+// the request's.
+var overrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
+// overrideMethods are the methods a request asks an upstream to take in
+// place of its own: the override headers' and the _method query
+// parameter's. Rails and Laravel also read _method from a form body,
+// which is not read here: on such an upstream, a POST entry allows what
+// the form says.
+func overrideMethods(r *http.Request) []string {
+	var out []string
+	for _, h := range overrideHeaders {
+		out = append(out, r.Header.Values(h)...)
+	}
+	if r.URL != nil && strings.Contains(r.URL.RawQuery, "_method") {
+		out = append(out, r.URL.Query()["_method"]...)
+	}
+	for i, m := range out {
+		out[i] = strings.ToUpper(strings.TrimSpace(m)) // not a name: a method
+	}
+	return out
 }
 
 // judge judges a body of JSON-RPC messages: the tools it calls, and why
@@ -260,11 +302,14 @@ func (m *mcpRule) judge(body []byte) ([]string, string) {
 	return tools, ""
 }
 
+// messageKeys are a JSON-RPC message's members.
+var messageKeys = []string{"jsonrpc", "id", "method", "params", "result", "error"}
+
 // judgeMessage judges one message. Its keys are read exactly as written
 // and once each: a second "params", or a "Params" beside it, could be
 // what the server reads.
 func (m *mcpRule) judgeMessage(raw json.RawMessage) (string, string) {
-	msg, ok := exactObject(raw)
+	msg, ok := exactObject(raw, messageKeys...)
 	if !ok || string(msg["jsonrpc"]) != `"2.0"` {
 		return "", ReasonMCPNotJSONRPC
 	}
@@ -288,7 +333,7 @@ func (m *mcpRule) judgeMessage(raw json.RawMessage) (string, string) {
 		}
 		return "", ReasonMCPMethod
 	}
-	params, ok := exactObject(msg["params"])
+	params, ok := exactObject(msg["params"], "name", "arguments")
 	if !ok {
 		return "", ReasonMCPNotJSONRPC
 	}
@@ -303,9 +348,12 @@ func (m *mcpRule) judgeMessage(raw json.RawMessage) (string, string) {
 }
 
 // exactObject reads a JSON object's members by their exact keys, and
-// fails on anything else, on a key written twice, and on keys that differ
-// only in case (which encoding/json, and some servers, take for one).
-func exactObject(raw json.RawMessage) (map[string]json.RawMessage, bool) {
+// fails on anything else: a key written twice, keys that differ only in
+// case, a key that is not ASCII (encoding/json, which some servers decode
+// with, folds "ſ" into "s" and "K" into "k"), and a key that differs from
+// one of known only in case ("Method", which such a server reads as
+// "method" though no "method" is there).
+func exactObject(raw json.RawMessage, known ...string) (map[string]json.RawMessage, bool) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return nil, false
@@ -315,9 +363,17 @@ func exactObject(raw json.RawMessage) (map[string]json.RawMessage, bool) {
 	for dec.More() {
 		t, err := dec.Token()
 		key, isKey := t.(string)
-		lower := strings.ToLower(key) // not a name: a JSON key
-		if err != nil || !isKey || folded[lower] {
+		if err != nil || !isKey || !isASCII(key) {
 			return nil, false
+		}
+		lower := strings.ToLower(key) // not a name: a JSON key
+		if folded[lower] {
+			return nil, false
+		}
+		for _, k := range known {
+			if lower == k && key != k {
+				return nil, false
+			}
 		}
 		folded[lower] = true
 		var v json.RawMessage
@@ -333,4 +389,13 @@ func exactObject(raw json.RawMessage) (map[string]json.RawMessage, bool) {
 		return nil, false // something after the object
 	}
 	return out, true
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }

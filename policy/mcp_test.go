@@ -55,6 +55,10 @@ func TestMCPMessages(t *testing.T) {
 		{"Name beside name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"Name":"exec","name":"search"}}`, ReasonMCPNotJSONRPC, ""},
 		{"method twice", `{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call","params":{"name":"exec"}}`, ReasonMCPNotJSONRPC, ""},
 		{"a second object after the first", call("search") + call("exec"), ReasonMCPNotJSONRPC, ""},
+		{"a key encoding/json folds into params (U+017F)", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search"},"paramſ":{"name":"exec"}}`, ReasonMCPNotJSONRPC, ""},
+		{"a Kelvin sign folded into k", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","Key":1}}`, ReasonMCPNotJSONRPC, ""},
+		{"Method alone, dressed as a response", `{"jsonrpc":"2.0","id":7,"error":{"code":0,"message":""},"Method":"tools/call","Params":{"name":"exec"}}`, ReasonMCPNotJSONRPC, ""},
+		{"Name alone", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"Name":"exec"}}`, ReasonMCPNotJSONRPC, ""},
 		{"an escaped name", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\u0065xec"}}`, ReasonMCPTool, "exec"},
 		{"a name differing in case", call("Search"), ReasonMCPTool, "Search"},
 	} {
@@ -90,7 +94,7 @@ func TestMCPEndpointRequests(t *testing.T) {
 		{"DELETE", "mcp.example.com", 443, "/mcp", call("exec"), false, ReasonMCPBodyUnjudged},
 		{"PUT", "mcp.example.com", 443, "/mcp", "", false, ReasonNoRequestRule},
 		{"POST", "mcp.example.com", 443, "/other", call("search"), false, ReasonNoRequestRule},
-		{"POST", "mcp.example.com", 443, "/mcp/../mcp", call("search"), true, ReasonAllowedByRule},
+		{"POST", "mcp.example.com", 443, "/mcp/../mcp", call("search"), false, ReasonPathDotSegment},
 		{"POST", "mcp.example.com", 80, "/mcp", call("search"), false, ReasonPortNotListed},
 		{"POST", "tools.example.com", 8443, "/v1/mcp", call("lookup"), true, ReasonAllowedByRule},
 		{"POST", "tools.example.com", 8443, "/v1/mcp", `{"jsonrpc":"2.0","id":1,"method":"ping"}`, false, ReasonMCPMethod}, // its own list
@@ -168,4 +172,53 @@ func TestMCPRefusalIsAJSONRPCError(t *testing.T) {
 		assert.False(t, d.Allowed, tc.body)
 		assert.Equal(t, tc.reply, d.JSONRPCReply, tc.body)
 	}
+}
+
+// TestRequestJudgementHolesClosed: what else could carry a request past
+// its entries is judged or refused: a method override, an upgrade of an
+// MCP endpoint, an entry that allows an MCP endpoint's host in full.
+func TestRequestJudgementHolesClosed(t *testing.T) {
+	p, err := New(Config{Allow: []string{
+		"GET,POST api.test/items/*", "!DELETE api.test/**",
+		"*.example.com", "mcp https://mcp.example.com/mcp tools=search", "POST mcp2.example.com/mcp",
+		"mcp https://mcp2.example.com/mcp tools=search",
+	}})
+	require.NoError(t, err)
+	post := func(host, target, body string, header ...string) Decision {
+		r := httptest.NewRequest("POST", "https://"+host+target, strings.NewReader(body))
+		for i := 0; i+1 < len(header); i += 2 {
+			r.Header.Set(header[i], header[i+1])
+		}
+		return p.DecideHTTP(r, host, 443)
+	}
+	assert.True(t, post("api.test", "/items/1", "").Allowed)
+	for _, h := range []string{"X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override"} {
+		d := post("api.test", "/items/1", "", h, "delete")
+		assert.False(t, d.Allowed, h)
+		assert.Equal(t, "!DELETE api.test/**", d.Rule, h)
+	}
+	assert.False(t, post("api.test", "/items/1?_method=DELETE", "").Allowed, "_method in the query")
+	assert.False(t, post("api.test", "/items/1", "", "X-HTTP-Method-Override", "PUT").Allowed, "an override no entry allows")
+
+	// The MCP endpoint's entry holds though *.example.com allows the host.
+	assert.True(t, p.Decide("mcp.example.com", 443).Requests, "its requests must be seen")
+	d := post("mcp.example.com", "/mcp", call("exec"))
+	assert.False(t, d.Allowed)
+	assert.Equal(t, ReasonMCPTool, d.Reason)
+	d = post("mcp2.example.com", "/mcp", call("exec"))
+	assert.False(t, d.Allowed, "a plain request entry for the same path does not shadow the MCP entry")
+	r := httptest.NewRequest("PUT", "https://mcp.example.com/mcp", nil)
+	assert.False(t, p.DecideHTTP(r, "mcp.example.com", 443).Allowed, "only the endpoint's methods")
+	assert.True(t, post("mcp.example.com", "/other", "anything").Allowed, "the rest of the host is *.example.com's")
+
+	r = httptest.NewRequest("GET", "https://mcp.example.com/mcp", nil)
+	r.Header.Set("Upgrade", "websocket")
+	r.Header.Set("Connection", "Upgrade")
+	d = p.DecideHTTP(r, "mcp.example.com", 443)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, ReasonMCPUpgrade, d.Reason)
+
+	assert.True(t, p.JudgesRequests("API.test.", 443))
+	assert.True(t, p.JudgesRequests("mcp.example.com", 443))
+	assert.False(t, p.JudgesRequests("www.example.com", 443))
 }

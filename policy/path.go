@@ -14,7 +14,7 @@ const (
 	ReasonPathControl       = "the request path holds a NUL or another control character"
 	ReasonPathBackslash     = "the request path holds a backslash, which some servers read as a slash"
 	ReasonPathFragment      = "the request path holds a fragment (#)"
-	ReasonPathAboveRoot     = "the request path climbs above the root (..)"
+	ReasonPathDotSegment    = "the request path has a . or .. segment, which servers resolve differently"
 	ReasonPathNotUTF8       = "the request path decodes to invalid UTF-8"
 	ReasonPathTooDeep       = "the request path has more segments than a request rule judges"
 	ReasonPathEncodedDots   = "the request path hides an empty, . or .. segment behind an encoded slash"
@@ -29,15 +29,17 @@ const MaxPathSegments = 128
 // escaped; a query is ignored) as a server reads them, and returns them,
 // or the reason the path does not normalise cleanly:
 //
+//   - a "." or ".." segment, as written or encoded ("%2e%2e"), or with
+//     parameters ("..;"), is refused: the path is forwarded as it came,
+//     and servers resolve these differently (Tomcat reads "..;" as "..",
+//     others as a name; RFC 3986 readers keep the empty segment that
+//     "//.." pops, others drop it), so no one reading of them is safe;
 //   - a ";" starts a segment's parameters, which are dropped ("/a;x=1/b"
-//     is /a/b, and "/..;/" is "/../");
+//     is /a/b, as Tomcat reads it; a deny entry's match is the broader);
 //   - percent-escapes are decoded, an encoded slash ("%2F") included,
-//     which stays inside its segment: it never separates two (but a
+//     which stays inside its segment: it never separates two (and a
 //     segment whose encoded slashes hide an empty, "." or ".." part, as
-//     "..%2Fadmin" does, is refused: a server that decodes them would
-//     climb);
-//   - "." and ".." segments are resolved ("%2e%2e" is ".."), and a ".."
-//     above the root is refused;
+//     "..%2Fadmin" does, is refused);
 //   - empty segments (repeated slashes, a trailing slash) are dropped;
 //   - case is kept: paths are case-sensitive;
 //   - a NUL or other control character, a backslash (encoded or not), a
@@ -64,12 +66,9 @@ func appendPath(dst []string, path string) ([]string, string) {
 			return dst, why
 		}
 		switch seg {
-		case "", ".":
-		case "..":
-			if len(dst) == base {
-				return dst, ReasonPathAboveRoot
-			}
-			dst = dst[:len(dst)-1]
+		case "":
+		case ".", "..":
+			return dst, ReasonPathDotSegment
 		default:
 			if len(dst)-base == MaxPathSegments {
 				return dst, ReasonPathTooDeep

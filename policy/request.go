@@ -50,9 +50,11 @@ type pathNode struct {
 // requestRules are a name's request entries, or its subdomains'.
 type requestRules struct {
 	allow, deny pathNode
-	// denyHosts are the deny entries as host rules: the connections
-	// whose requests must be seen to enforce them.
-	denyHosts []rule
+	mcp         pathNode // MCP endpoints, judged whatever else allows the host
+	// judgedHosts are the deny entries and MCP endpoints as host rules:
+	// the connections whose requests must be seen even when an entry
+	// allows the host in full.
+	judgedHosts []rule
 }
 
 // maxDoubleStars bounds "**" per pattern, which bounds the work a path
@@ -232,10 +234,11 @@ type requestQuery struct {
 	method string
 	port   uint16
 	deny   bool // deny rules match methods whatever their case
+	mcp    bool // an MCP endpoint, whatever the method
 }
 
 func (q *requestQuery) admits(r *requestRule) bool {
-	return r.methods.has(q.method, q.deny) && (&rule{ports: r.ports}).allowsPort(q.port)
+	return (q.mcp || r.methods.has(q.method, q.deny)) && (&rule{ports: r.ports}).allowsPort(q.port)
 }
 
 // methodSet is a set of HTTP methods; the zero set holds every method.
@@ -328,12 +331,17 @@ func (p *Policy) addRequest(c compiledRequest, deny bool) {
 	if *rr == nil {
 		*rr = &requestRules{}
 	}
-	if deny {
-		(*rr).deny.insert(c.segments, c.rule)
-		(*rr).denyHosts = addHostRule((*rr).denyHosts, c.host.rule)
+	switch {
+	case deny:
+		(*rr).deny.insert(lowerSegments(c.segments), c.rule)
+		(*rr).judgedHosts = addHostRule((*rr).judgedHosts, c.host.rule)
 		return
+	case c.rule.mcp != nil:
+		(*rr).mcp.insert(c.segments, c.rule)
+		(*rr).judgedHosts = addHostRule((*rr).judgedHosts, c.host.rule)
+	default:
+		(*rr).allow.insert(c.segments, c.rule)
 	}
-	(*rr).allow.insert(c.segments, c.rule)
 	if c.host.kind == kindWildcard {
 		nr.allowWild = addHostRule(nr.allowWild, c.host.rule)
 	} else {
@@ -358,9 +366,11 @@ func addHostRule(rules []rule, r rule) []rule {
 // request's method and path (escaped, as sent; a query is ignored). A
 // deny entry for the request wins; a host allowed in full allows every
 // other request; a host allowed by request entries only allows the
-// requests one of them matches; an encoded slash never separates
-// segments for an allow entry, and separates them or not for a deny
-// entry, whichever matches. A path that does not normalise cleanly is
+// requests one of them matches. Servers differ on whether an encoded
+// slash ("%2F") separates segments: a deny entry matches if either
+// reading matches, an allow entry only if both do ("*" matches "a%2Fb"
+// only where "**" would); paths are case-sensitive for an allow entry,
+// and matched in any case for a deny entry. A path that does not normalise cleanly is
 // refused on a host with request entries (see appendPath for the rules),
 // and never consulted on others.
 //
@@ -378,8 +388,9 @@ func (p *Policy) DecideRequest(host string, port uint16, method, path string) De
 	// A deny entry matches the path as read either way: with encoded
 	// slashes inside their segments, or split at them.
 	deny := &requestQuery{method: method, port: port, deny: true}
-	r := p.findRequest(d.Name, deny, segs)
-	if split := splitEncodedSlashes(segs); r == nil && len(split) != len(segs) {
+	lower := lowerSegments(segs)
+	r := p.findRequest(d.Name, deny, lower)
+	if split := splitEncodedSlashes(lower); r == nil && len(split) != len(lower) {
 		if len(split) > MaxPathSegments {
 			return p.finish(Decision{Name: d.Name, Reason: ReasonPathTooDeep})
 		}
@@ -388,13 +399,44 @@ func (p *Policy) DecideRequest(host string, port uint16, method, path string) De
 	if r != nil {
 		return p.finish(Decision{Name: d.Name, Rule: r.text, Reason: ReasonDenyEntry})
 	}
+	// An MCP endpoint is its entry's, whatever else allows the host: its
+	// methods only, its messages judged.
+	if r := p.findRequest(d.Name, &requestQuery{port: port, mcp: true}, segs); r != nil {
+		if !r.methods.has(method, false) {
+			return p.finish(Decision{Name: d.Name, Rule: r.text, Reason: ReasonNoRequestRule})
+		}
+		return Decision{Allowed: true, Name: d.Name, Rule: r.text, Reason: ReasonAllowedByRule, Requests: true, mcp: r.mcp}
+	}
 	if d.Reason != ReasonRequestRules {
 		return d // the host is allowed in full; its request entries only deny
 	}
-	if r := p.findRequest(d.Name, &requestQuery{method: method, port: port}, segs); r != nil {
-		return Decision{Allowed: true, Name: d.Name, Rule: r.text, Reason: ReasonAllowedByRule, Requests: true, mcp: r.mcp}
+	allow := &requestQuery{method: method, port: port}
+	r = p.findRequest(d.Name, allow, segs)
+	if split := splitEncodedSlashes(segs); r != nil && len(split) != len(segs) {
+		// And as a server that decodes encoded slashes reads it, so that
+		// "%2F" cannot stretch a "*" over more than one segment.
+		r = p.findRequest(d.Name, allow, split)
+	}
+	if r != nil {
+		return Decision{Allowed: true, Name: d.Name, Rule: r.text, Reason: ReasonAllowedByRule, Requests: true}
 	}
 	return p.finish(Decision{Name: d.Name, Reason: ReasonNoRequestRule})
+}
+
+// lowerSegments is segs in lower case, for deny entries, which match a
+// path whatever its case: some servers (GitHub's owners and repositories,
+// IIS) fold it. It is segs itself when they are in lower case already.
+func lowerSegments(segs []string) []string {
+	for i, s := range segs {
+		if l := strings.ToLower(s); l != s { // not a name: a path segment
+			out := slices.Clone(segs)
+			for j := i; j < len(out); j++ {
+				out[j] = strings.ToLower(out[j]) // not a name: a path segment
+			}
+			return out
+		}
+	}
+	return segs
 }
 
 // findRequest finds a request entry for name (exact, then wildcards from
@@ -404,8 +446,11 @@ func (p *Policy) findRequest(name string, q *requestQuery, segs []string) *reque
 		if rr == nil {
 			return nil
 		}
-		if q.deny {
+		switch {
+		case q.deny:
 			return rr.deny.find(segs, q)
+		case q.mcp:
+			return rr.mcp.find(segs, q)
 		}
 		return rr.allow.find(segs, q)
 	}
@@ -424,21 +469,34 @@ func (p *Policy) findRequest(name string, q *requestQuery, segs []string) *reque
 	return found
 }
 
-// needsRequests reports whether a deny request entry concerns name on
-// port (any port for a lookup): then its requests must be seen.
+// needsRequests reports whether a deny request entry or an MCP endpoint
+// concerns name on port: then its requests must be seen, whatever
+// allows it.
 func (p *Policy) needsRequests(name string, port uint16) bool {
 	m := matcher{port: port}
 	if nr := p.names[name]; nr != nil && nr.reqExact != nil {
-		if _, ok := m.match(nr.reqExact.denyHosts); ok {
+		if _, ok := m.match(nr.reqExact.judgedHosts); ok {
 			return true
 		}
 	}
 	found := false
 	hostname.Suffixes(name, func(suffix string) bool {
 		if nr := p.names[suffix]; nr != nil && nr.reqWild != nil {
-			_, found = m.match(nr.reqWild.denyHosts)
+			_, found = m.match(nr.reqWild.judgedHosts)
 		}
 		return !found
 	})
 	return found
+}
+
+// JudgesRequests reports whether the policy judges name's requests on
+// port one by one whatever allows the name (a deny request entry, an MCP
+// endpoint): then a proxy must not let an address entry carry them
+// unseen.
+func (p *Policy) JudgesRequests(name string, port uint16) bool {
+	if p == nil {
+		return false
+	}
+	n, err := hostname.Normalize(name)
+	return err == nil && p.needsRequests(n, port)
 }

@@ -83,6 +83,7 @@ func TestDecideRequest(t *testing.T) {
 		{p, "api.github.com", "GET", "/repos/acme/widgets", true, "GET,HEAD api.github.com/repos/acme/*", ReasonAllowedByRule},
 		{p, "api.github.com", "HEAD", "/repos/acme/widgets?page=2", true, "GET,HEAD api.github.com/repos/acme/*", ReasonAllowedByRule},
 		{p, "api.github.com", "GET", "/repos/acme/widgets/", true, "GET,HEAD api.github.com/repos/acme/*", ReasonAllowedByRule},
+		{p, "api.github.com", "DELETE", "/repos/ACME/Widgets", false, "!DELETE *.github.com/**", ReasonDenyEntry},
 		{p, "api.github.com", "GET", "/repos/acme/widgets/issues", false, "", ReasonNoRequestRule},
 		{p, "api.github.com", "GET", "/repos/other/widgets", false, "", ReasonNoRequestRule},
 		{p, "api.github.com", "POST", "/repos/acme/widgets", false, "", ReasonNoRequestRule},
@@ -125,7 +126,9 @@ func TestRequestReportMode(t *testing.T) {
 // TestPathBypasses: the ways people get a request past a path-based
 // proxy, against an allow entry for one directory and a deny entry for
 // another. Each is refused: by a reason of its own, or by the entries
-// once the path is read as the server reads it.
+// once the path is read as the server reads it. Dot segments are refused
+// rather than resolved: the path goes upstream as it came, and servers
+// resolve them differently.
 func TestPathBypasses(t *testing.T) {
 	p, err := New(Config{Allow: []string{
 		"GET,DELETE api.test/public/*",
@@ -136,19 +139,25 @@ func TestPathBypasses(t *testing.T) {
 	for _, tc := range []struct {
 		name, method, path, reason string
 	}{
-		{"dot-dot out of the allowed directory", "GET", "/public/../admin/x", ReasonNoRequestRule},
-		{"encoded dot-dot", "GET", "/public/%2e%2e/admin/x", ReasonNoRequestRule},
-		{"upper-case encoded dot-dot", "GET", "/public/%2E%2E/admin/x", ReasonNoRequestRule},
-		{"dot-dot with a path parameter (Tomcat)", "GET", "/public/..;/admin/x", ReasonNoRequestRule},
+		{"dot-dot out of the allowed directory", "GET", "/public/../admin/x", ReasonPathDotSegment},
+		{"encoded dot-dot", "GET", "/public/%2e%2e/admin/x", ReasonPathDotSegment},
+		{"upper-case encoded dot-dot", "GET", "/public/%2E%2E/admin/x", ReasonPathDotSegment},
+		{"dot-dot with a path parameter (Tomcat reads it as .., others as a name)", "GET", "/public/..;/admin/x", ReasonPathDotSegment},
+		{"deny: dot-dot with a path parameter into an allowed directory", "DELETE", "/admin/..;/public/x", ReasonPathDotSegment},
+		{"deny: an empty segment before dot-dot (RFC 3986 keeps it)", "DELETE", "/admin//../public/x", ReasonPathDotSegment},
+		{"deny: a trailing empty segment and dot-dot", "DELETE", "/public/x//..", ReasonPathDotSegment},
+		{"a dot segment", "GET", "/public/./x", ReasonPathDotSegment},
 		{"dot-dot behind an encoded slash", "GET", "/public/..%2Fadmin", ReasonPathEncodedDots},
 		{"dot-dot behind an encoded slash, lower case", "GET", "/public/x%2f..%2f..%2fadmin", ReasonPathEncodedDots},
-		{"above the root", "GET", "/public/../../admin", ReasonPathAboveRoot},
+		{"above the root", "GET", "/public/../../admin", ReasonPathDotSegment},
 		{"encoded slash as a second segment", "GET", "/public/a%2Fb/c", ReasonNoRequestRule},
+		{"encoded slash stretching a *", "GET", "/public/x%2Fsecret%2Fkeys", ReasonNoRequestRule},
 		{"deny: encoded letters", "DELETE", "/%61dmin/x", ReasonDenyEntry},
 		{"deny: path parameter", "DELETE", "/admin;jsessionid=1/x", ReasonDenyEntry},
 		{"deny: repeated slashes", "DELETE", "//admin//x", ReasonDenyEntry},
-		{"deny: dot segment", "DELETE", "/./admin/x", ReasonDenyEntry},
-		{"deny: through an allowed directory", "DELETE", "/public/../admin/x", ReasonDenyEntry},
+		{"deny: dot segment", "DELETE", "/./admin/x", ReasonPathDotSegment},
+		{"deny: through an allowed directory", "DELETE", "/public/../admin/x", ReasonPathDotSegment},
+		{"deny: case differs (servers that fold case)", "DELETE", "/ADMIN/x", ReasonDenyEntry},
 		{"deny: encoded slash in place of a boundary", "DELETE", "/admin%2Fx", ReasonDenyEntry},
 		{"deny: lower-case method", "delete", "/admin/x", ReasonDenyEntry},
 		{"deny: an exact allow entry under a deny entry", "DELETE", "/admin/keep", ReasonDenyEntry},
@@ -174,9 +183,17 @@ func TestPathBypasses(t *testing.T) {
 		})
 	}
 	// And what these entries allow, so that the refusals above are theirs.
-	for _, path := range []string{"/public/x", "/public/x/", "/public//x", "/public/./x", "/public/y/../x", "/public/x;v=1", "/public/%78", "/public/a%2Fb", "/public/x?../../admin"} {
+	for _, path := range []string{"/public/x", "/public/x/", "/public//x", "/public/x;v=1", "/public/%78", "/public/x?../../admin"} {
 		assert.True(t, p.DecideRequest("api.test", 443, "GET", path).Allowed, path)
 	}
+}
+
+// TestEncodedSlashUnderDoubleStar: an encoded slash is allowed where the
+// pattern takes any depth, as GitLab's project paths need.
+func TestEncodedSlashUnderDoubleStar(t *testing.T) {
+	p, err := New(Config{Allow: []string{"GET gitlab.test/api/v4/projects/**"}})
+	require.NoError(t, err)
+	assert.True(t, p.DecideRequest("gitlab.test", 443, "GET", "/api/v4/projects/group%2Fproject/issues").Allowed)
 }
 
 func TestRequestEntryErrors(t *testing.T) {
@@ -243,7 +260,7 @@ func BenchmarkDecideRequest1k(b *testing.B) {
 // "." or ".." segment and no control character, and normalising it again
 // (each segment escaped and joined) gives the same segments.
 func FuzzAppendPath(f *testing.F) {
-	for _, s := range []string{"/", "/a/b", "/a/../b", "/a/%2e%2e/b", "/a;x/..;/b", "/a%2Fb", "//a//b/", "/%zz", "/a\\b", "/%c0%af", "/a?b#c"} {
+	for _, s := range []string{"/", "/a/b", "/a/../b", "/a/%2e%2e/b", "/a;x/..;/b", "/a%2Fb", "//a//b/", "/%zz", "/a\\b", "/%c0%af", "/a?b#c", "/a//../b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, path string) {

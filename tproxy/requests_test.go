@@ -31,7 +31,7 @@ type exchange struct {
 var plainExchanges = []exchange{
 	{"GET", "/public/readme", http.StatusOK, ""},
 	{"POST", "/public/readme", http.StatusForbidden, policy.ReasonNoRequestRule},
-	{"GET", "/public/../admin/keys", http.StatusForbidden, policy.ReasonNoRequestRule},
+	{"GET", "/public/../admin/keys", http.StatusForbidden, policy.ReasonPathDotSegment},
 	{"GET", "/public/..%2Fadmin", http.StatusForbidden, policy.ReasonPathEncodedDots},
 	{"DELETE", "/public/readme", http.StatusForbidden, "a deny entry matches: !DELETE api.test:*/**"},
 	{"HEAD", "/public//readme;v=2", http.StatusOK, ""},
@@ -140,4 +140,21 @@ func TestRequestEntriesNeedTheirRequestsSeen(t *testing.T) {
 		rec := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Allowed })
 		assert.Equal(t, ReasonRequestsUnseen, rec.Reason)
 	})
+}
+
+// TestDenyRequestEntryNotCarriedByAnAddress: a name whose requests a deny
+// entry judges is not let through by an entry for its address, on plain
+// HTTP or TLS: those would carry its requests unseen.
+func TestDenyRequestEntryNotCarriedByAnAddress(t *testing.T) {
+	w := newWorld(t, []string{"!DELETE api.test:*/**", "127.0.0.2:*"}, nil)
+	c := w.dial(w.httpAddr)
+	pipeline(t, c, func(p string) string { return p }, fmt.Sprintf("api.test:%d", w.httpAddr.Port()), []exchange{
+		{"DELETE", "/repos/acme/prod", http.StatusForbidden, policy.ReasonNoRule},
+	})
+	_, err := w.httpsGet(w.tlsAddr, "api.test")
+	assert.Error(t, err, "TLS for the name was spliced by the address entry")
+	// The address entry still allows what names no such entry.
+	body, err := w.httpsGet(w.tlsAddr, "other.test")
+	require.NoError(t, err)
+	assert.NotEmpty(t, body)
 }

@@ -82,8 +82,10 @@ func decideAddr(pol *policy.Policy, a netip.Addr, port uint16) (target, policy.D
 // first, then, if no entry names it (or not on this port), by the
 // address dialled. A name refused outright (a deny entry, a DNS-over-HTTPS
 // resolver, DNS over TLS, an invalid name) stays refused, whatever its
-// address. It returns the name's decision when both deny, so the reason
-// names it.
+// address, and so does a name whose requests the policy judges one by
+// one (a deny request entry, an MCP endpoint): allowed by its address,
+// they would go unseen. It returns the name's decision when both deny, so
+// the reason names it.
 func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy.Decision) {
 	var nameDecision policy.Decision
 	if host != "" {
@@ -91,7 +93,9 @@ func decide(pol *policy.Policy, host string, dst netip.AddrPort) (target, policy
 		if d.Allowed {
 			return t, d
 		}
-		if !unlisted(d) {
+		if !unlisted(d) || pol.JudgesRequests(host, dst.Port()) {
+			// Refused outright, or a name whose requests the policy
+			// judges: an address entry would carry them unseen.
 			return target{}, d
 		}
 		nameDecision = d
