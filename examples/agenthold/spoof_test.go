@@ -77,8 +77,11 @@ func TestSpoofedDNSFlood(t *testing.T) {
 	t.Logf("gateway RSS %d -> %d MiB; request log %d -> %d bytes", rss0>>20, rss1>>20, log0, log1)
 
 	require.Greater(t, sent.Load(), int64(150_000), "the flood sent too little to prove anything")
-	// 3x idle, with a floor for the resolution of a quiet machine.
-	limit := max(3*p99(idle), 5*time.Millisecond)
+	// 3x idle, with a floor: on a 2-core machine one scheduling stall of
+	// the gateway costs 10 ms, and a p99 of a few hundred queries is the
+	// 7th slowest, so a quiet idle run would make one stall a failure.
+	// The flood this guards against stopped DNS for tens of seconds.
+	limit := max(3*p99(idle), 20*time.Millisecond)
 	assert.LessOrEqual(t, p99(during), limit, "alice's DNS p99 during the flood")
 	assert.LessOrEqual(t, p99(after), limit, "alice's DNS p99 right after the flood")
 	assert.Less(t, rss1-rss0, int64(64<<20), "the gateway's memory grew with the flood")
