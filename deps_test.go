@@ -28,6 +28,9 @@ var allowedDeps = map[string][]string{
 	// Egress records as policy observations, for suggestions: where the
 	// log and the policy meet, so that neither imports the other.
 	"policy/learn": {module + "/policy", module + "/egresslog"},
+	// Holding what ask mode asks about, until a person or a webhook
+	// answers.
+	"policy/approval": {module + "/policy", module + "/egresslog"},
 	// Shared plumbing: what two building blocks need, with one owner.
 	"internal/hostname":  nil,
 	"internal/prefixmap": nil,

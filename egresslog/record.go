@@ -21,6 +21,9 @@ const (
 	KindHTTP    Kind = "http"    // one plain or intercepted HTTP request
 	KindTCP     Kind = "tcp"     // one other TCP connection, judged by the resolved name
 	KindConnect Kind = "connect" // one explicit-proxy CONNECT tunnel
+	// KindApproval is an approval request raised for a destination no
+	// entry allowed (Reason "approval requested"), or its answer.
+	KindApproval Kind = "approval"
 )
 
 // Record is one DNS query, connection or HTTP request. It has no field that

@@ -11,7 +11,8 @@ import (
 //
 //	version: 1                   # optional; 1 is the only version
 //	enforce: true                # anything but true denies everything
-//	mode: allowlist              # allowlist (default), open or deny
+//	mode: allowlist              # allowlist (default), open, deny, or ask (an allowlist
+//	                             # that asks about other names; see policy.Ask)
 //	allowOut:                    # or "allow"
 //	  - github.com
 //	  - "*.npmjs.org"
@@ -67,13 +68,13 @@ func (d *Document) Compile() (*Policy, error) {
 	if !*d.Enforce {
 		return Deny(ReasonNotEnforced), nil
 	}
-	mode := Allowlist
+	mode, ask := Allowlist, false
 	if d.Mode != "" {
-		m, err := ParseMode(d.Mode)
+		m, a, err := parseModeWithAsk(d.Mode)
 		if err != nil {
 			return nil, err
 		}
-		mode = m
+		mode, ask = m, a
 	}
 	if d.Allow != nil && d.AllowOut != nil {
 		return nil, errors.New(`policy: both "allow" and "allowOut" are set; use one`)
@@ -87,5 +88,6 @@ func (d *Document) Compile() (*Policy, error) {
 		Deny:                 d.Deny,
 		DoHEndpoints:         d.DoHEndpoints,
 		MCP:                  d.MCP,
+		Ask:                  ask,
 	})
 }

@@ -75,6 +75,10 @@ type Config struct {
 	// MCP allows MCP servers' endpoints and the tools an agent may call
 	// on them (also written as allow entries: "mcp URL tools=a,b").
 	MCP []MCPEndpoint
+	// Ask marks the decisions on names that no entry allows, and nothing
+	// refuses outright, as askable (Decision.Askable): an Approver may
+	// then hold them while a person answers (see Ask).
+	Ask bool
 }
 
 // Reasons a Decision gives. They are constants so that deciding never
@@ -124,7 +128,10 @@ type Decision struct {
 	// client's session goes on (MCP clients end a session on an HTTP
 	// error). Empty when there is no request to answer.
 	JSONRPCReply string
-	mcp          *mcpRule // the MCP endpoint whose messages DecideHTTP judges
+	// Askable is set on a denial of a name that the policy, in ask mode,
+	// would rather ask a person about (see Ask).
+	Askable bool
+	mcp     *mcpRule // the MCP endpoint whose messages DecideHTTP judges
 }
 
 // AgentFunc identifies the agent behind a source address and returns its
@@ -146,6 +153,7 @@ type Policy struct {
 	mode         Mode
 	allowPrivate bool
 	report       bool
+	ask          bool
 	denyReason   string                // for DenyAll: why
 	names        map[string]*nameRules // a name, or a suffix for its subdomains
 	allow        ruleSet
@@ -260,6 +268,7 @@ func New(cfg Config) (*Policy, error) {
 		mode:         cfg.Mode,
 		allowPrivate: cfg.AllowPrivateNetworks,
 		report:       cfg.Report,
+		ask:          cfg.Ask,
 		denyReason:   ReasonDenyAll,
 		names:        map[string]*nameRules{},
 		doh:          map[string]bool{},
@@ -437,6 +446,7 @@ func (p *Policy) decideName(host string, port uint16, anyPort bool) Decision {
 	}
 	d := p.judgeName(name, port, anyPort)
 	d.Name = name
+	d.Askable = p.askable(d, port)
 	return d
 }
 

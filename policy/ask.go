@@ -1,0 +1,66 @@
+package policy
+
+import (
+	"context"
+	"strings"
+)
+
+// Ask mode: a name that no entry allows, and that nothing refuses
+// outright (a deny entry, a DNS side door), is asked about rather than
+// refused. The decision says so (Decision.Askable), and an Approver holds
+// the query or connection while a person or a policy service answers.
+// Addresses are never asked about: only names are, and the dial still
+// refuses the private and never tiers whatever the answer.
+
+// Reasons of ask mode.
+const (
+	ReasonApprovalTimeout = "no answer to the approval request in time"
+	ReasonApprovalDenied  = "refused by approval"
+	ReasonApprovalBusy    = "too many requests of this agent wait for approval"
+	ReasonApprovalGone    = "the approval request was dropped (agent removed or gateway stopping)"
+)
+
+// An Approver answers for the destinations a policy in ask mode would
+// refuse for want of an entry. Approve holds the caller until the
+// destination is approved, refused, or ctx is done, and returns the
+// decision to apply: allowed, saying by whom and how, or q.Refusal with
+// the reason no approval came.
+type Approver interface {
+	Approve(ctx context.Context, q ApprovalQuery) Decision
+}
+
+// ApprovalQuery is one query or connection waiting for approval.
+type ApprovalQuery struct {
+	Agent string
+	Name  string // canonical
+	Port  uint16 // 0 for a DNS lookup
+	Kind  string // what asks: "dns", "tls", "http", "connect"
+	// Refusal is the policy's decision, which stands when no approval
+	// comes.
+	Refusal Decision
+}
+
+// Ask is where the blocks ask: d unchanged unless it is askable and an
+// Approver is set, else the Approver's answer for agent's d on port.
+func Ask(ctx context.Context, a Approver, agent string, d Decision, port uint16, kind string) Decision {
+	if a == nil || !d.Askable || d.Name == "" {
+		return d
+	}
+	return a.Approve(ctx, ApprovalQuery{Agent: agent, Name: d.Name, Port: port, Kind: kind, Refusal: d})
+}
+
+// askable reports whether a denial of a name on port is one ask mode
+// asks about: no entry matched, rather than something refusing it; and
+// never DNS over TLS, a side door only an operator's entry opens.
+func (p *Policy) askable(d Decision, port uint16) bool {
+	return p != nil && p.ask && !d.Allowed && port != dotPort && (d.Reason == ReasonNoRule || d.Reason == ReasonPortNotListed)
+}
+
+// parseModeWithAsk parses a mode, "ask" being an allowlist in ask mode.
+func parseModeWithAsk(s string) (Mode, bool, error) {
+	if strings.EqualFold(strings.TrimSpace(s), "ask") { // not a name: a mode
+		return Allowlist, true, nil
+	}
+	m, err := ParseMode(s)
+	return m, false, err
+}
