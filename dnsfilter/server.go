@@ -98,8 +98,14 @@ type Server struct {
 	// policies (see TunnelDetection); the zero value records suspect
 	// queries and refuses none.
 	Tunnel TunnelDetection
+	// Approver, if set, is asked about the names a policy in ask mode
+	// would refuse for want of an entry: the query is held (within the
+	// agent's in-flight share) until it answers. Shutdown ends the wait.
+	Approver policy.Approver
 
 	initOnce  sync.Once
+	life      context.Context // ends at Shutdown: the waits for approval
+	endLife   context.CancelFunc
 	tunnel    *tunnelDetector
 	cache     *cache
 	mem       *memory
@@ -143,6 +149,7 @@ func (t tcpServer) abort() { t.d.Listener.Close() }
 
 func (s *Server) init() {
 	s.initOnce.Do(func() {
+		s.life, s.endLife = context.WithCancel(context.Background())
 		if s.CacheSize >= 0 {
 			s.cache = newCache(cmp(s.CacheSize, DefaultCacheSize))
 		}
@@ -291,6 +298,8 @@ func (s *Server) registerStarted(servers []runner) {
 // Shutdown stops serving and waits for queries in progress, until ctx is
 // done.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.init()
+	s.endLife() // no query waits for approval any longer
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -439,7 +448,7 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy) (*dns.Ms
 		resp.Rcode = dns.RcodeRefused
 		return resp, withReason(rec, ReasonZoneTransfer)
 	}
-	d := pol.DecideName(rec.Host)
+	d := policy.Ask(s.life, s.Approver, agent, pol.DecideName(rec.Host), 0, string(egresslog.KindDNS))
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
 	if !d.Allowed {
 		return blocked(resp, dns.RcodeNameError, d.Reason), rec

@@ -49,11 +49,14 @@ func Ask(ctx context.Context, a Approver, agent string, d Decision, port uint16,
 	return a.Approve(ctx, ApprovalQuery{Agent: agent, Name: d.Name, Port: port, Kind: kind, Refusal: d})
 }
 
-// askable reports whether a denial of a name on port is one ask mode
-// asks about: no entry matched, rather than something refusing it; and
-// never DNS over TLS, a side door only an operator's entry opens.
-func (p *Policy) askable(d Decision, port uint16) bool {
-	return p != nil && p.ask && !d.Allowed && port != dotPort && (d.Reason == ReasonNoRule || d.Reason == ReasonPortNotListed)
+// askable reports whether a denial of name on port is one ask mode asks
+// about: no entry matched, rather than something refusing it; never DNS
+// over TLS, a side door only an operator's entry opens; and never a name
+// whose requests entries judge, which an approval of the whole name would
+// carry past them.
+func (p *Policy) askable(d Decision, name string, port uint16) bool {
+	return p != nil && p.ask && !d.Allowed && port != dotPort &&
+		(d.Reason == ReasonNoRule || d.Reason == ReasonPortNotListed) && !p.needsRequests(name, port)
 }
 
 // parseModeWithAsk parses a mode, "ask" being an allowlist in ask mode.

@@ -446,7 +446,7 @@ func (p *Policy) decideName(host string, port uint16, anyPort bool) Decision {
 	}
 	d := p.judgeName(name, port, anyPort)
 	d.Name = name
-	d.Askable = p.askable(d, port)
+	d.Askable = p.askable(d, name, port)
 	return d
 }
 

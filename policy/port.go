@@ -20,6 +20,9 @@ func (p *Policy) DecidePort(port uint16) Decision {
 	if p.mode == Open {
 		return Decision{Allowed: true, Reason: ReasonOpen}
 	}
+	if p.ask {
+		return Decision{Allowed: true, Reason: ReasonAllowedByRule} // any port may be approved
+	}
 	if !p.allowedPorts.has(port) {
 		return p.finish(Decision{Reason: ReasonPortNotListed})
 	}

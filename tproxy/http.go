@@ -169,7 +169,9 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	t, d := decide(pol, host, dst)
-	if d.Allowed && t.host != "" {
+	asked := d.Askable // an approval allows the name, which no entry names
+	t, d = p.askFor(r.Context(), agent, t, d, dst.Port(), egresslog.KindHTTP)
+	if d.Allowed && t.host != "" && !asked {
 		// The request itself, by its method and path (and an MCP
 		// endpoint's messages), on a host that request entries name
 		// (allowed by its address, it has none).

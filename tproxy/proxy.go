@@ -77,6 +77,11 @@ type Proxy struct {
 	// reason; compare tokens in constant time. Nil means Agents, by source
 	// address.
 	Identify func(Credentials) (agent string, pol *policy.Policy, err error)
+	// Approver, if set, is asked about the names a policy in ask mode
+	// would refuse for want of an entry (TLS by its server name, a plain
+	// HTTP request by its Host, a CONNECT by its target): the connection
+	// or request is held until it answers.
+	Approver policy.Approver
 	// Interceptor, if set, takes over TLS to the hosts it claims. Its
 	// context carries the proxy's Guard and Resolver (netguard.WithGuard,
 	// WithResolver), which an interceptor without its own dials through.

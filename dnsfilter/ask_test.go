@@ -1,0 +1,64 @@
+package dnsfilter
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/approval"
+)
+
+// TestAskModeHoldsTheQuery: a lookup of a name no entry allows, under a
+// policy in ask mode, is held and never forwarded until approved; once
+// approved it is answered; refused, it gets NXDOMAIN; Shutdown ends the
+// wait of one still held.
+func TestAskModeHoldsTheQuery(t *testing.T) {
+	b := &approval.Broker{Timeout: 10 * time.Second}
+	h := newHarness(t, nil, func(s *Server) { s.Approver = b })
+	h.setPolicy(policy.Config{Ask: true})
+	pendingID := func(name string) string {
+		var id string
+		require.Eventually(t, func() bool {
+			for _, r := range b.Pending() {
+				if r.Name == name {
+					id = r.ID
+					return true
+				}
+			}
+			return false
+		}, 5*time.Second, time.Millisecond)
+		return id
+	}
+	got := make(chan *dns.Msg, 1)
+	go func() { got <- h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false) }()
+	id := pendingID("a.test")
+	assert.Zero(t, h.up.count("a.test"), "forwarded before it was approved")
+	require.NoError(t, b.Answer(id, approval.Once, "test", false))
+	resp := <-got
+	assert.Equal(t, dns.RcodeSuccess, resp.Rcode)
+	assert.Equal(t, []string{"140.82.112.3"}, answerStrings(resp))
+
+	go func() { got <- h.query("udp", "127.0.0.1", "cname.test", dns.TypeA, false) }()
+	require.NoError(t, b.Answer(pendingID("cname.test"), approval.Deny, "test", false))
+	assert.Equal(t, dns.RcodeNameError, (<-got).Rcode)
+	assert.Zero(t, h.up.count("cname.test"))
+
+	held := make(chan error, 1)
+	go func() {
+		c := dns.Client{Timeout: 5 * time.Second}
+		m := new(dns.Msg)
+		m.SetQuestion("stray.test.", dns.TypeA)
+		_, _, err := c.Exchange(m, h.addr)
+		held <- err
+	}()
+	pendingID("stray.test")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // the broker would hold it 10 s
+	defer cancel()
+	require.NoError(t, h.srv.Shutdown(ctx), "Shutdown waited for a held query")
+	<-held
+}
