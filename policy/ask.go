@@ -59,8 +59,9 @@ func (p *Policy) askable(d Decision, name string, port uint16) bool {
 		(d.Reason == ReasonNoRule || d.Reason == ReasonPortNotListed) && !p.needsRequests(name, port)
 }
 
-// parseModeWithAsk parses a mode, "ask" being an allowlist in ask mode.
-func parseModeWithAsk(s string) (Mode, bool, error) {
+// ParseModeWithAsk parses a mode as ParseMode does, and "ask", which is
+// an allowlist in ask mode (Config.Ask).
+func ParseModeWithAsk(s string) (Mode, bool, error) {
 	if strings.EqualFold(strings.TrimSpace(s), "ask") { // not a name: a mode
 		return Allowlist, true, nil
 	}

@@ -70,7 +70,7 @@ func (d *Document) Compile() (*Policy, error) {
 	}
 	mode, ask := Allowlist, false
 	if d.Mode != "" {
-		m, a, err := parseModeWithAsk(d.Mode)
+		m, a, err := ParseModeWithAsk(d.Mode)
 		if err != nil {
 			return nil, err
 		}

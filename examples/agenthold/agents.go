@@ -27,7 +27,7 @@ import (
 
 // PolicySpec is an agent's network policy as admins set it.
 type PolicySpec struct {
-	Mode                 string   `json:"mode"` // open (default) or allowlist
+	Mode                 string   `json:"mode"` // open (default), allowlist, or ask (an allowlist that asks about the rest)
 	Allow                []string `json:"allow,omitempty"`
 	AllowPrivateNetworks bool     `json:"allow_private_networks,omitempty"`
 	// Report decides as the policy would but allows what it would deny,
@@ -48,15 +48,15 @@ type QuotaSpec struct {
 // compile turns the spec into a policy; an empty mode is open, as the
 // seed's default.
 func (p PolicySpec) compile() (*policy.Policy, error) {
-	mode := policy.Open
+	mode, ask := policy.Open, false
 	if p.Mode != "" {
-		m, err := policy.ParseMode(p.Mode)
+		m, a, err := policy.ParseModeWithAsk(p.Mode)
 		if err != nil {
 			return nil, err
 		}
-		mode = m
+		mode, ask = m, a
 	}
-	return policy.New(policy.Config{Mode: mode, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Report: p.Report, Quotas: policy.Quotas(p.Quotas)})
+	return policy.New(policy.Config{Mode: mode, Ask: ask, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Report: p.Report, Quotas: policy.Quotas(p.Quotas)})
 }
 
 // AgentSpec is what agenthold keeps of an agent.

@@ -12,9 +12,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -110,6 +112,8 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
 	mux.HandleFunc("GET /v1/presets", s.listPresets)
 	mux.HandleFunc("GET /v1/log", s.readLog)
+	mux.HandleFunc("GET /v1/approvals", s.listApprovals)
+	mux.HandleFunc("POST /v1/approvals/{id}", s.answerApproval)
 	mux.HandleFunc("GET /v1/ca", s.serveCA)
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
 	return mux
@@ -433,6 +437,14 @@ func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 				fmt.Fprintf(w, "agenthold_egress_quota_exceeded_total{agent=%s,quota=%s} %d\n", label(a), label(strings.TrimPrefix(r, policy.ReasonQuotaPrefix)), n)
 			}
 		}
+	}
+	family("agenthold_approvals_pending", "gauge", "Approval requests waiting for an answer, by agent.")
+	pending := map[string]int{}
+	for _, req := range s.approvals.Pending() {
+		pending[req.Agent]++
+	}
+	for _, a := range slices.Sorted(maps.Keys(pending)) {
+		fmt.Fprintf(w, "agenthold_approvals_pending{agent=%s} %d\n", label(a), pending[a])
 	}
 	family("agenthold_egress_injected_total", "counter", "Requests that carried an injected secret.")
 	for _, a := range agents {

@@ -91,6 +91,14 @@ func init() {
 				"socket, other agents' namespaces and every host process are out of its sight; its home is /home/AGENT.\n" +
 				"It is not a container: the host's filesystem is readable as file permissions allow. Production sandboxes\n" +
 				"are containers that join the agent's namespace (agent create --netns)."},
+		{name: "approvals", synopsis: "[--follow]", run: cmdApprovals,
+			help: "List what agents in ask mode wait on: a destination no entry allows, held until answered or timed out\n" +
+				"(egress.approvals.timeout). --follow keeps printing new requests as they are raised."},
+		{name: "approve", synopsis: "ID [--once|--session|--always] [--by NAME]", run: cmdApprove,
+			help: "Approve a pending request: --once (the default: what waits, and the connection after an approved lookup),\n" +
+				"--session (until the agent is deleted or the gateway restarts), --always (an allow entry in the agent's policy)."},
+		{name: "deny", synopsis: "ID [--entry] [--by NAME]", run: cmdDeny,
+			help: "Refuse a pending request; --entry also adds a deny entry to the agent's policy."},
 		{name: "log", synopsis: "[--agent A] [--kind K] [--denied] [--since DURATION] [--limit N] [--follow] [--json]", run: cmdLog,
 			help: "Print the request log (per agent, the newest egress.log_keep allowed records and as many denied ones, kept in memory)."},
 		{name: "metrics", synopsis: "", run: cmdMetrics,
@@ -216,7 +224,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // policyFlags are the flags that write a policy.
 func policyFlags(fs *flag.FlagSet, defaultMode string) func() PolicySpec {
-	mode := fs.String("mode", defaultMode, "open (any public address) or allowlist (only --allow entries)")
+	mode := fs.String("mode", defaultMode, "open (any public address), allowlist (only --allow entries), or ask (an allowlist that holds other names until a person answers: agenthold approvals)")
 	var allow stringList
 	fs.Var(&allow, "allow", `an allow entry (repeatable): github.com, *.npmjs.org, github.com:22, 203.0.113.0/24:443, *, 'GET api.github.com/repos/**', '!DELETE github.com/**', 'mcp https://host/mcp tools=a,b'`)
 	private := fs.Bool("allow-private", false, "allow private networks (RFC 1918, ULA, CGNAT)")

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -54,6 +55,16 @@ type EgressConfig struct {
 	NeverPrefixes  []string        `yaml:"never_prefixes"`
 	UpstreamRoots  string          `yaml:"upstream_roots"`
 	TokenRefresh   []RefreshConfig `yaml:"token_refresh"`
+	Approvals      ApprovalsConfig `yaml:"approvals"`
+}
+
+// ApprovalsConfig tunes ask mode: how long a destination no entry allows
+// is held for an answer, and the webhook asked about each.
+type ApprovalsConfig struct {
+	Timeout            time.Duration `yaml:"timeout"`               // default 60s
+	MaxPendingPerAgent int           `yaml:"max_pending_per_agent"` // default 8
+	WebhookURL         string        `yaml:"webhook_url"`
+	WebhookSecretFile  string        `yaml:"webhook_secret_file"` // the HMAC key, required with webhook_url
 }
 
 // RefreshConfig names an OAuth token endpoint the gateway answers itself.
@@ -223,6 +234,9 @@ func (c *Config) validate() error {
 	}
 	if c.Egress.LogKeep <= 0 {
 		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)
+	}
+	if a := c.Egress.Approvals; a.Timeout < 0 || a.MaxPendingPerAgent < 0 || (a.WebhookURL != "") != (a.WebhookSecretFile != "") {
+		return fmt.Errorf("config: egress.approvals: timeout and max_pending_per_agent must not be negative, and webhook_url and webhook_secret_file go together")
 	}
 	for key, list := range map[string][]string{"egress.public_prefixes": c.Egress.PublicPrefixes, "egress.never_prefixes": c.Egress.NeverPrefixes} {
 		for _, p := range list {

@@ -179,6 +179,8 @@ egress:
   log_file: %s
   remote_listen: %s:15443
   remote_tls: true
+  approvals:
+    timeout: 8s
 network:
   pool4: 198.19.0.0/16
   pool6: fd00:a9::/48

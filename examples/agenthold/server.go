@@ -28,6 +28,7 @@ import (
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/approval"
 	"github.com/agenthold/egress/tproxy"
 	"github.com/agenthold/egress/tproxy/nftrules"
 	"github.com/agenthold/egress/vault"
@@ -49,6 +50,8 @@ type server struct {
 	proxy  *tproxy.Proxy
 	ic     *mitm.Interceptor
 	rules  *nftrules.Rules
+	// approvals holds what agents in ask mode reach for, for an answer.
+	approvals *approval.Broker
 	// servers runs every server; its context ends on SIGTERM or when one
 	// fails, and serve then stops the gateway, last started first.
 	servers *lifecycle.Group
@@ -236,8 +239,11 @@ func (s *server) startDataPlane() error {
 		return err
 	}
 	s.log.Info("dns upstream", "servers", strings.Join(upstreams, " "), "from", from)
+	if err := s.openApprovals(); err != nil {
+		return err
+	}
 	s.dns = &dnsfilter.Server{
-		Agents: s.agents.lookup, Upstreams: upstreams, Guard: s.guard, Log: s.elog, Logger: s.log,
+		Agents: s.agents.lookup, Upstreams: upstreams, Guard: s.guard, Log: s.elog, Logger: s.log, Approver: s.approvals,
 		Tunnel: dnsfilter.TunnelDetection{Refuse: s.cfg.Egress.DNSTunnelling == "refuse"},
 	}
 	s.servers.OnStop("dns", s.dns.Shutdown)
@@ -254,9 +260,12 @@ func (s *server) startDataPlane() error {
 	}
 	s.proxy = &tproxy.Proxy{
 		Agents: s.agents.lookup, Identify: s.identify, Names: s.dns.Names, Guard: s.guard, Resolver: s.dns,
-		Interceptor: s.ic, Log: s.elog, Logger: s.log,
+		Interceptor: s.ic, Log: s.elog, Logger: s.log, Approver: s.approvals,
 	}
 	s.servers.OnStop("proxy", s.proxy.Shutdown)
+	// Registered after the servers, so stopped before them: what waits
+	// for an answer is refused, and nothing holds up their drain.
+	s.servers.OnStop("approvals", lifecycle.Closing(s.approvals))
 	port := func(p uint16) string { return net.JoinHostPort("::", strconv.Itoa(int(p))) }
 	dnsLn, err := net.Listen("tcp", port(s.cfg.Egress.DNSPort))
 	if err != nil {
@@ -468,6 +477,7 @@ func (s *server) removeAgent(name string) error {
 	}
 	s.proxy.Forget(name) // nothing it opened outlives it
 	s.ic.Forget(name)
+	s.approvals.Forget(name)
 	if a.spec.Remote {
 		s.dns.Forget(name)
 		for _, at := range s.vault.Attachments(name) {

@@ -121,6 +121,36 @@ check "request entries: policy suggest --requests proposes them" bash -c "'$AH' 
 "$AH" policy set alice --mode allowlist --allow api.anthropic.com --allow github.com --allow '*.npmjs.org' --allow ssh.example.net:22 \
 	--allow www.example.com --allow echo.example.com --allow pypi.org --allow files.pythonhosted.org >/dev/null
 
+# Ask mode: bob's requests to names no entry allows wait while a person
+# answers (the demo's gateway holds them 8 s at most).
+"$AH" policy set bob --mode ask --allow www.example.com --allow '!evil.example.org' >/dev/null
+pending_id() { # pending_id NAME: the first approval request pending for NAME, waited for
+	local id
+	for _ in $(seq 100); do
+		id=$("$AH" approvals | awk -v n="$1" '$3 == n {print $1; exit}')
+		[ -n "$id" ] && { echo "$id"; return 0; }
+		sleep 0.1
+	done
+	return 1
+}
+held() { # held SCRIPT NAME ANSWER PATTERN: bob's script, run while NAME's request is answered with ANSWER, prints PATTERN
+	local out; out=$(mktemp)
+	in_sandbox bob "$1" >"$out" 2>&1 & local pid=$!
+	local id; id=$(pending_id "$2") || { wait $pid; echo "no approval request for $2:"; cat "$out"; return 1; }
+	"$AH" approve "$id" "--$3" >/dev/null || { wait $pid; return 1; }
+	wait $pid
+	grep -qE -- "$4" "$out" || { cat "$out"; return 1; }
+}
+check "ask: held on a new name, approved once while it waits" held "curl -sS -o /dev/null -w '%{http_code}' https://echo.example.com/" echo.example.com once '^200$'
+check "ask: the next request is held again, and refused at the timeout" bash -c "! '$AH' exec bob -- curl -sS --max-time 20 https://echo.example.com/ 2>/dev/null && '$AH' log --json --denied --agent bob --limit 0 | grep '\"host\":\"echo.example.com\"' | grep -q '\"reason\":\"no answer to the approval request in time\"'"
+check "ask: 30 at once wait on one request"      bash -c "for i in \$(seq 30); do '$AH' exec bob -- curl -sS -o /dev/null --max-time 20 https://registry.npmjs.org/x & done; id=''; for _ in \$(seq 100); do id=\$('$AH' approvals | awk '\$3 == \"registry.npmjs.org\" {print \$1}'); [ -n \"\$id\" ] && break; sleep 0.1; done; [ \$(echo \"\$id\" | wc -w) = 1 ] && '$AH' approve \$id --always >/dev/null; wait"
+check "ask: always added the entry"              bash -c "'$AH' policy show bob | grep -q 'registry.npmjs.org'"
+check "ask: and it passes at once"               expect bob 'curl -sS --max-time 3 https://registry.npmjs.org/x' 'served-by'
+check "ask: a deny entry is never asked"         bash -c "! '$AH' exec bob -- curl -sS --max-time 5 https://evil.example.org/ 2>/dev/null && ! '$AH' approvals | grep -q evil.example.org"
+check "ask: the metadata address is never asked" bash -c "! '$AH' exec bob -- curl -sSf -o /dev/null --max-time 5 http://169.254.169.254/ 2>/dev/null && ! '$AH' approvals | grep -q 169.254"
+check "ask: requests and answers are recorded"   bash -c "'$AH' log --json --agent bob --kind approval --limit 0 | grep -q '\"reason\":\"approved always by'"
+"$AH" policy set bob --mode allowlist --allow www.example.com >/dev/null
+
 # The values never show anywhere but in requests to their hosts.
 no_secret() { ! grep -qE -- "$anthropic_key|$github_token" <<<"$("$@" 2>&1)"; }
 check "no value in the log (JSON)"            no_secret "$AH" log --json --limit 0
