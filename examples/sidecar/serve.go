@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
@@ -29,6 +30,7 @@ import (
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/approval"
 	"github.com/agenthold/egress/policy/policyfile"
 	"github.com/agenthold/egress/tproxy"
 	"github.com/agenthold/egress/tproxy/nftrules"
@@ -118,6 +120,9 @@ func cmdServe(args []string) error {
 	logFiles := fs.Int("log-files", egresslog.DefaultKeepFiles, "rotated --log files kept (FILE.1 to FILE.N)")
 	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
 	tunnelling := fs.String("dns-tunnelling", "record", "lookups that look like DNS tunnelling: record, or refuse")
+	webhook := fs.String("approval-webhook", "", "under a policy with mode: ask, the control plane's URL asked about each destination no entry allows")
+	webhookSecret := fs.String("approval-secret", "", "the file holding the webhook's HMAC key (required with --approval-webhook)")
+	approvalTimeout := fs.Duration("approval-timeout", approval.DefaultTimeout, "how long a destination waits for the webhook's answer before it is refused")
 	var public []netip.Prefix
 	fs.Func("public", "a prefix netguard counts as public (repeatable)", func(s string) error {
 		pr, err := netip.ParsePrefix(s)
@@ -141,8 +146,12 @@ func cmdServe(args []string) error {
 		return err
 	}
 	tunnel := dnsfilter.TunnelDetection{Refuse: *tunnelling == "refuse"}
+	approvals, err := sidecarApprovals(*webhook, *webhookSecret, *approvalTimeout)
+	if err != nil {
+		return err
+	}
 	logFile := egresslog.JSONFile{Path: *logPath, MaxBytes: int64(*logMaxMB) << 20, Keep: *logFiles}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, public, roots, tunnel, logger)
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, public, roots, tunnel, approvals, logger)
 	if err != nil {
 		return err
 	}
@@ -186,7 +195,7 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, logger *slog.Logger) (sc *sidecar, err error) {
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, logger *slog.Logger) (sc *sidecar, err error) {
 	sc = &sidecar{accepted: map[uint16]*atomic.Int64{}, servers: lifecycle.New(ctx)}
 	defer func() {
 		if err != nil {
@@ -234,14 +243,16 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	if upstream != "" {
 		upstreams = []string{upstream}
 	}
-	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger, Tunnel: tunnel}
+	approvals.Log, approvals.Logger = sc.log, logger
+	sc.dns = &dnsfilter.Server{Agents: agents, Upstreams: upstreams, Guard: guard, Log: sc.log, Logger: logger, Tunnel: tunnel, Approver: approvals}
 	sc.servers.OnStop("dns", sc.dns.Shutdown)
 	sc.ic = &mitm.Interceptor{Leaves: &mitm.Leaves{CA: ca}, Claim: creds.Covers, Injector: creds, Guard: guard, Resolver: sc.dns, RootCAs: roots, Log: sc.log, Logger: logger}
 	creds.SetTokenClient(sc.ic.Client(false)) // GitHub App tokens go out as intercepted requests do
 	sc.servers.OnStop("upstream pools", func(context.Context) error { sc.ic.CloseIdleConnections(); return nil })
-	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger}
+	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger, Approver: approvals}
 	sc.serving.Store(sc.proxy)
 	sc.servers.OnStop("proxy", sc.proxy.Shutdown)
+	sc.servers.OnStop("approvals", lifecycle.Closing(approvals)) // before the servers drain: nothing waits on an answer
 
 	// The DNS and proxy ports listen on loopback only: the rules redirect
 	// the Pod's own traffic there, and nothing outside the Pod reaches
@@ -276,6 +287,30 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	}
 	logger.Info("sidecar serving", "policy", policyPath, "credentials", n, "dns", p.dns, "http", p.http, "tls", p.tls, "other", p.other, "health", p.health)
 	return sc, nil
+}
+
+// sidecarApprovals is the broker a policy in ask mode holds destinations
+// in: asked through the control plane's webhook, when one is set, and
+// refused at the timeout. An "always" answer is the control plane's to
+// keep: it writes the entry into the policy file it owns, which the
+// watcher applies; until then the answer holds as a once.
+func sidecarApprovals(url, secretPath string, timeout time.Duration) (*approval.Broker, error) {
+	b := &approval.Broker{Timeout: timeout, OnAlways: func(string, string) error { return nil }}
+	if (url == "") != (secretPath == "") {
+		return nil, usageError{"--approval-webhook and --approval-secret go together"}
+	}
+	if url == "" {
+		return b, nil
+	}
+	secret, err := os.ReadFile(secretPath)
+	if err != nil {
+		return nil, fmt.Errorf("--approval-secret: %w", err)
+	}
+	if secret = bytes.TrimSpace(secret); len(secret) < 16 {
+		return nil, errors.New("--approval-secret: the secret is shorter than 16 bytes")
+	}
+	b.Webhook = &approval.Webhook{URL: url, Secret: secret}
+	return b, nil
 }
 
 // loopbacks are the loopback addresses to listen on: 127.0.0.1, and ::1

@@ -29,6 +29,8 @@ import (
 	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/mitm"
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/approval"
 	"github.com/agenthold/egress/policy/policyfile"
 )
 
@@ -167,7 +169,13 @@ type pod struct {
 	// baseRoots is the system bundle install-ca extends: here the test's
 	// stand-in for the public web PKI.
 	baseRoots string
+	// webhookSecret is the file of the approval webhook's key.
+	webhookSecret string
 }
+
+// webhookKey is the approval webhook's HMAC key: the control plane's and
+// the sidecar's.
+const webhookKey = "control-plane-approval-key-7f3a"
 
 const (
 	sidecarUID = 1337
@@ -255,6 +263,22 @@ func TestPodInNamespaces(t *testing.T) {
 		require.NoError(t, err, "curl %v: %q", tc.args, out)
 		assert.Regexp(t, tc.want, out, "curl %v", tc.args)
 	}
+
+	step("ask mode: the control plane's webhook answers while the sandbox waits; an answer it did not sign is not taken")
+	p.writePolicy("enforce: true\nmode: ask\nallowOut: [api.test]\n")
+	p.awaitHTTP(true)
+	out, err = p.sandbox("curl", "-sS", "--max-time", "10", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", p.bundle, "https://other.test/")
+	require.NoError(t, err, "approved by the webhook: %q", out)
+	assert.Equal(t, "200", out)
+	out, err = p.sandbox("curl", "-sS", "--max-time", "10", "--cacert", p.bundle, "https://third.test/")
+	require.Error(t, err, "an answer signed with another key was taken: %q", out)
+	var timedOut bool
+	require.Eventually(t, func() bool {
+		for _, r := range p.readRecords() {
+			timedOut = timedOut || (r.Host == "third.test" && r.Reason == policy.ReasonApprovalTimeout)
+		}
+		return timedOut
+	}, 10*time.Second, 50*time.Millisecond, "third.test was not refused at the timeout")
 
 	step("the exempt uid bypasses the redirect, and no other uid does")
 	p.writePolicy("enforce: true\nallowOut: [other.test]\n")
@@ -348,6 +372,8 @@ func newPod(t *testing.T) *pod {
 	p.policy = filepath.Join(dir, "policy", "policy.yaml")
 	os.Mkdir(filepath.Dir(p.policy), 0o755)
 	p.records = filepath.Join(dir, "records.jsonl")
+	p.webhookSecret = filepath.Join(dir, "webhook.key")
+	require.NoError(t, os.WriteFile(p.webhookSecret, []byte(webhookKey), 0o644))
 	p.creds = filepath.Join(dir, "creds", "credentials.yaml")
 	os.Mkdir(filepath.Dir(p.creds), 0o700)
 	os.Chown(filepath.Dir(p.creds), sidecarUID, sidecarUID)
@@ -389,7 +415,7 @@ func (p *pod) startInternet() {
 			m.SetReply(r)
 			q := r.Question[0]
 			switch name := strings.ToLower(q.Name); {
-			case name != "api.test." && name != "other.test.":
+			case name != "api.test." && name != "other.test." && name != "third.test.":
 				m.Rcode = dns.RcodeNameError
 			case q.Qtype == dns.TypeA:
 				rr, _ := dns.NewRR(q.Name + " 60 IN A " + upstream)
@@ -427,6 +453,32 @@ func (p *pod) startInternet() {
 		ts.TLSConfig = &tls.Config{GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) { return leaves.Get(h.ServerName) }}
 		go ts.ServeTLS(tlsLn, "", "")
 		t.Cleanup(func() { ts.Close() })
+		// The control plane's approval webhook: it approves other.test
+		// once, and answers about anything else with a signature made
+		// with the wrong key, which the sidecar must not take.
+		hook := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			if approval.Verify([]byte(webhookKey), r.Header.Get(approval.SignatureHeader), body, time.Now(), 0) != nil {
+				http.Error(w, "bad signature", http.StatusUnauthorized)
+				return
+			}
+			var req approval.Request
+			json.Unmarshal(body, &req)
+			key := []byte(webhookKey)
+			if req.Name != "other.test" {
+				key = []byte("not-the-control-planes-key-0000")
+			}
+			answer, _ := json.Marshal(map[string]string{"id": req.ID, "answer": "once"})
+			w.Header().Set(approval.SignatureHeader, approval.Sign(key, answer, time.Now()))
+			w.Write(answer)
+		})
+		hookLn, err := net.Listen("tcp", upstream+":8080")
+		if err != nil {
+			return err
+		}
+		hs2 := &http.Server{Handler: hook}
+		go hs2.Serve(hookLn)
+		t.Cleanup(func() { hs2.Close() })
 		banner, err := net.Listen("tcp", upstream+":2222")
 		if err != nil {
 			return err
@@ -454,7 +506,8 @@ func (p *pod) startInternet() {
 func (p *pod) startSidecar() {
 	t := p.t
 	cmd := exec.Command("nsenter", "--net="+p.ns.Path(), "-S", fmt.Sprint(sidecarUID), "-G", fmt.Sprint(sidecarUID), p.self, "serve",
-		"--policy", p.policy, "--credentials", p.creds, "--dns-upstream", "198.18.0.1:53", "--public", "198.18.0.0/15", "--log", p.records, "--upstream-roots", p.baseRoots)
+		"--policy", p.policy, "--credentials", p.creds, "--dns-upstream", "198.18.0.1:53", "--public", "198.18.0.0/15", "--log", p.records, "--upstream-roots", p.baseRoots,
+		"--approval-webhook", "http://"+upstream+":8080/approve", "--approval-secret", p.webhookSecret, "--approval-timeout", "2s")
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1")
 	cmd.Stderr = os.Stderr
 	stdout, _ := cmd.StdoutPipe()
