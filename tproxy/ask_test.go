@@ -1,11 +1,16 @@
 package tproxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,4 +89,65 @@ func TestAskModeHoldsUntilAnswered(t *testing.T) {
 	out, _ := io.ReadAll(c)
 	assert.Contains(t, string(out), "403", "the metadata address")
 	assert.Empty(t, b.Pending(), "neither was asked about")
+}
+
+// TestNoLeakAfterManyHeldAndRefused: 10,000 requests held for approval
+// and refused, through the explicit proxy, leave no goroutine and no
+// descriptor behind.
+func TestNoLeakAfterManyHeldAndRefused(t *testing.T) {
+	b := &approval.Broker{Timeout: 5 * time.Second, MaxPendingPerAgent: 64, MaxWaitingPerAgent: 64}
+	w := newWorld(t, nil, func(p *Proxy) { p.Approver = b; p.MaxConnsPerAgent = 10_000 })
+	w.setPolicy(policy.Config{Ask: true, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	ctx, cancel := context.WithCancel(t.Context())
+	var answerer sync.WaitGroup
+	var answered atomic.Int32
+	follow := b.Follow(ctx)
+	answerer.Go(func() {
+		for req := range follow {
+			if b.Answer(req.ID, approval.Deny, "test", false) == nil {
+				answered.Add(1)
+			}
+		}
+	})
+	fds := func() int { e, _ := os.ReadDir("/proc/self/fd"); return len(e) }
+	// One round first, so that pools and listeners the proxy keeps exist
+	// before counting.
+	heldAndRefused(t, w, 64)
+	goroutines, descriptors := runtime.NumGoroutine(), fds()
+	const n = 10_000
+	refused := heldAndRefused(t, w, n)
+	cancel()
+	answerer.Wait()
+	assert.Equal(t, n, refused)
+	assert.Greater(t, answered.Load(), int32(n/100), "the requests were held for approval, not refused before")
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutines && fds() <= descriptors }, 10*time.Second, 20*time.Millisecond,
+		"goroutines %d -> %d, descriptors %d -> %d", goroutines, runtime.NumGoroutine(), descriptors, fds())
+	t.Logf("after %d held and refused: goroutines %d -> %d, descriptors %d -> %d", n, goroutines, runtime.NumGoroutine(), descriptors, fds())
+}
+
+// heldAndRefused sends n absolute-form requests for names no entry
+// allows, 32 at a time, and returns how many were refused with 403.
+func heldAndRefused(t *testing.T, w *world, n int) int {
+	var refused atomic.Int32
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c, err := net.Dial("tcp", w.explicit.Addr().String())
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "GET http://n%d.test/ HTTP/1.1\r\nHost: n%d.test\r\nConnection: close\r\n\r\n", i%100, i%100)
+			line := make([]byte, 12)
+			if _, err := io.ReadFull(c, line); err == nil && strings.HasSuffix(string(line), "403") {
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return int(refused.Load())
 }
