@@ -34,6 +34,11 @@
 // encoded slash never a boundary for an allow entry); what does not
 // normalise cleanly is refused with its reason.
 //
+// In ask mode (Config.Ask, or mode: ask in a document) a name no entry
+// allows, and nothing refuses outright, is askable (Decision.Askable):
+// the blocks hand it to an Approver (Ask; package approval holds it until
+// a person or a webhook answers) instead of refusing it.
+//
 // Address deny entries and the resolvers' addresses apply to the
 // addresses an allowed name resolves to as well: [Policy.CheckResolved],
 // at dial time (netguard's Check hook; [DialCheck] for a transport).
