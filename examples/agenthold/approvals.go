@@ -26,7 +26,7 @@ import (
 func (s *server) openApprovals() error {
 	cfg := s.cfg.Egress.Approvals
 	s.approvals = &approval.Broker{
-		Timeout: cfg.Timeout, MaxPendingPerAgent: cfg.MaxPendingPerAgent,
+		Timeout: cfg.Timeout, MaxPendingPerAgent: cfg.MaxPendingPerAgent, SessionLength: cfg.SessionLength,
 		OnAlways: s.addEntry, OnDenyEntry: s.addEntry, Log: s.elog, Logger: s.log,
 	}
 	if cfg.WebhookURL != "" {

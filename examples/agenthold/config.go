@@ -63,6 +63,7 @@ type EgressConfig struct {
 type ApprovalsConfig struct {
 	Timeout            time.Duration `yaml:"timeout"`               // default 60s
 	MaxPendingPerAgent int           `yaml:"max_pending_per_agent"` // default 8
+	SessionLength      time.Duration `yaml:"session_length"`        // a session answer's end; 0: until the agent is deleted
 	WebhookURL         string        `yaml:"webhook_url"`
 	WebhookSecretFile  string        `yaml:"webhook_secret_file"` // the HMAC key, required with webhook_url
 }
