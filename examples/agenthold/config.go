@@ -20,6 +20,7 @@ import (
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/examples/netns"
+	"github.com/agenthold/egress/policy/approval"
 )
 
 // Config is agenthold's configuration file. The egress and secrets keys
@@ -61,9 +62,9 @@ type EgressConfig struct {
 // ApprovalsConfig tunes ask mode: how long a destination no entry allows
 // is held for an answer, and the webhook asked about each.
 type ApprovalsConfig struct {
-	Timeout            time.Duration `yaml:"timeout"`               // default 60s
-	MaxPendingPerAgent int           `yaml:"max_pending_per_agent"` // default 8
-	SessionLength      time.Duration `yaml:"session_length"`        // a session answer's end; 0: until the agent is deleted
+	Timeout            time.Duration `yaml:"timeout"`
+	MaxPendingPerAgent int           `yaml:"max_pending_per_agent"`
+	SessionLength      time.Duration `yaml:"session_length"` // a session answer's end; 0: until the agent is deleted
 	WebhookURL         string        `yaml:"webhook_url"`
 	WebhookSecretFile  string        `yaml:"webhook_secret_file"` // the HMAC key, required with webhook_url
 }
@@ -119,6 +120,7 @@ func defaultConfig() Config {
 		Egress: EgressConfig{
 			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000,
 			LogFileMaxMB: egresslog.DefaultMaxFileBytes >> 20, LogFileKeep: egresslog.DefaultKeepFiles,
+			Approvals: ApprovalsConfig{Timeout: approval.DefaultTimeout, MaxPendingPerAgent: approval.DefaultMaxPendingPerAgent},
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
 		Sandbox: SandboxConfig{UIDBase: defaultUIDBase, HomeSizeMB: defaultHomeSizeMB},
