@@ -35,8 +35,13 @@
 // TCP that names nothing by judgeRaw, which looks up every name the agent
 // resolved to the address whatever the mode (so a deny entry with a port
 // wins under "*" and open mode); every plain HTTP request, transparent,
-// explicit or h2c stream, by its own Host; every request inside an
-// intercepted connection by the Interceptor, through a policy.Current.
+// explicit or h2c stream, by its own Host, method and path
+// (policy.DecideHTTP); every request inside an intercepted connection by
+// the Interceptor, through a policy.Current. A host whose requests the
+// policy judges one by one (request entries, an MCP endpoint) is handed
+// to the Interceptor, and relay, which every spliced connection passes,
+// refuses it. Under a policy in ask mode, a name no entry allows is held
+// while the Approver answers (askFor: TLS, plain HTTP, CONNECT).
 // A connection on a port where no destination could be allowed is
 // refused before its client speaks. When an agent's policy changes,
 // Proxy.Rejudge ends the spliced connections it now refuses; Forget
