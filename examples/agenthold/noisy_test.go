@@ -474,8 +474,22 @@ func dialIn(ns *netns.NS, network, addr string) (net.Conn, error) {
 }
 
 // exchangeIn asks the agent's DNS (any address: the rules redirect port
-// 53 to the gateway) for name's A record, from inside ns.
+// 53 to the gateway) for name's A record, from inside ns, as a stub
+// resolver does: a second try when the first gets no answer in 2.5 s
+// (UDP under a neighbour's flood loses packets in the kernel's queues,
+// which every resolver retries), 5 s in all.
 func exchangeIn(ns *netns.NS, name string) (int, error) {
+	var err error
+	for range 2 {
+		var rcode int
+		if rcode, err = exchangeOnce(ns, name); err == nil {
+			return rcode, nil
+		}
+	}
+	return 0, err
+}
+
+func exchangeOnce(ns *netns.NS, name string) (int, error) {
 	c, err := dialIn(ns, "udp", internetDNS+":53")
 	if err != nil {
 		return 0, err
@@ -483,7 +497,7 @@ func exchangeIn(ns *netns.NS, name string) (int, error) {
 	defer c.Close()
 	m := new(dns.Msg)
 	m.SetQuestion(name, dns.TypeA)
-	resp, _, err := (&dns.Client{Timeout: 5 * time.Second}).ExchangeWithConn(m, &dns.Conn{Conn: c})
+	resp, _, err := (&dns.Client{Timeout: 2500 * time.Millisecond}).ExchangeWithConn(m, &dns.Conn{Conn: c})
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", name, err)
 	}
