@@ -58,6 +58,20 @@ func (g *ring) appendMatching(out []Record, f *Filter) []Record {
 	return out
 }
 
+// appendNewest appends the newest limit records that f selects, oldest
+// first: what a listing with a limit needs of each ring, without copying
+// the rest.
+func (g *ring) appendNewest(out []Record, f *Filter, limit int) []Record {
+	n, start := len(g.recs), len(out)
+	for i := n - 1; i >= 0 && len(out)-start < limit; i-- {
+		if r := &g.recs[(g.next+i)%n]; f.Match(r) {
+			out = append(out, *r)
+		}
+	}
+	slices.Reverse(out[start:])
+	return out
+}
+
 // denied reports whether r is a denied record in the sense of
 // Filter.DeniedOnly: refused, or allowed only by report mode.
 func (r *Record) denied() bool { return !r.Allowed || r.Report }

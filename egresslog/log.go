@@ -400,12 +400,19 @@ func (f *Filter) Match(r *Record) bool {
 func (l *Log) List(f Filter, limit int) []Record {
 	l.init()
 	var out []Record
+	take := func(g *ring) {
+		if limit > 0 {
+			out = g.appendNewest(out, &f, limit) // no more of a ring can be among the newest limit
+		} else {
+			out = g.appendMatching(out, &f)
+		}
+	}
 	for _, a := range l.agentsFor(f.Agent) {
 		a.mu.Lock()
 		if !f.DeniedOnly {
-			out = a.allowed.appendMatching(out, &f)
+			take(&a.allowed)
 		}
-		out = a.denied.appendMatching(out, &f)
+		take(&a.denied)
 		a.mu.Unlock()
 	}
 	slices.SortFunc(out, func(x, y Record) int {

@@ -350,3 +350,20 @@ func BenchmarkRecord(b *testing.B) {
 	dropped, failed := l.SinkStats()
 	require.Zero(b, dropped+failed, "sink dropped %d, failed %d", dropped, failed)
 }
+
+// TestListLimitIsTheNewest: a listing with a limit is the newest records
+// of the whole listing, in order, across agents and both rings.
+func TestListLimitIsTheNewest(t *testing.T) {
+	l := &Log{Keep: 50, KeepDenied: 50}
+	for i := range 400 {
+		l.Record(Record{Agent: fmt.Sprintf("a%d", i%3), Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Port: 443, Allowed: i%4 != 0, Reason: "r"})
+	}
+	all := l.List(Filter{}, 0)
+	for _, limit := range []int{1, 7, 60, 299, 1000} {
+		got := l.List(Filter{}, limit)
+		want := all[max(0, len(all)-limit):]
+		assert.Equal(t, want, got, "limit %d", limit)
+	}
+	denied := l.List(Filter{Agent: "a1", DeniedOnly: true}, 0)
+	assert.Equal(t, denied[len(denied)-5:], l.List(Filter{Agent: "a1", DeniedOnly: true}, 5))
+}

@@ -114,6 +114,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/log", s.readLog)
 	mux.HandleFunc("GET /v1/approvals", s.listApprovals)
 	mux.HandleFunc("POST /v1/approvals/{id}", s.answerApproval)
+	mux.HandleFunc("POST /v1/ui/token", s.makeUIToken)
 	mux.HandleFunc("GET /v1/ca", s.serveCA)
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
 	return mux
@@ -392,6 +393,16 @@ func (s *server) readLog(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// makeUIToken makes the console's login token, shown in this answer only.
+func (s *server) makeUIToken(w http.ResponseWriter, _ *http.Request) {
+	token, err := s.newUIToken()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"token": token})
 }
 
 // serveCA serves the interception CA's certificate.

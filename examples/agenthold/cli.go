@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -91,6 +92,8 @@ func init() {
 				"socket, other agents' namespaces and every host process are out of its sight; its home is /home/AGENT.\n" +
 				"It is not a container: the host's filesystem is readable as file permissions allow. Production sandboxes\n" +
 				"are containers that join the agent's namespace (agent create --netns)."},
+		{name: "ui token", synopsis: "", run: cmdUIToken,
+			help: "Make the web console's login token (ui_listen), shown this once; a new one ends every console session."},
 		{name: "approvals", synopsis: "[--follow]", run: cmdApprovals,
 			help: "List what agents in ask mode wait on: a destination no entry allows, held until answered or timed out\n" +
 				"(egress.approvals.timeout). --follow keeps printing new requests as they are raised."},
@@ -360,12 +363,7 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	s := policy.Suggest(obs, policy.SuggestConfig{Collapse: *collapseN, Requests: *requests, CollapseIDs: *collapseIDs})
 	learn.WriteSupport(os.Stdout, s, agent, len(obs), skipped)
-	next := PolicySpec{Mode: "allowlist", Allow: s.Document.Allow, AllowPrivateNetworks: current.AllowPrivateNetworks, Quotas: current.Quotas}
-	for _, e := range current.Allow {
-		if strings.HasPrefix(e, "!") {
-			next.Allow = append(next.Allow, e) // deny entries stay
-		}
-	}
+	next := suggestedSpec(current, s)
 	doc, err := yaml.Marshal(struct {
 		Enforce bool     `yaml:"enforce"`
 		Mode    string   `yaml:"mode"`
@@ -384,6 +382,19 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	fmt.Printf("agent %s: policy now %s\n", agent, policyText(next))
 	return nil
+}
+
+// suggestedSpec is the policy a suggestion makes of current: an allowlist
+// of the suggestion's entries, keeping current's deny entries,
+// private-network setting and quotas.
+func suggestedSpec(current PolicySpec, s policy.Suggestion) PolicySpec {
+	next := PolicySpec{Mode: "allowlist", Allow: slices.Clone(s.Document.Allow), AllowPrivateNetworks: current.AllowPrivateNetworks, Quotas: current.Quotas}
+	for _, e := range current.Allow {
+		if strings.HasPrefix(e, "!") {
+			next.Allow = append(next.Allow, e) // deny entries stay
+		}
+	}
+	return next
 }
 
 // policySetCommand is the `policy set` command line that sets p.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -27,13 +28,16 @@ import (
 // are the seed's, exactly; the rest is what a gateway needs besides.
 // agenthold.example.yaml documents every key and its default.
 type Config struct {
-	DataDir     string        `yaml:"data_dir"`
-	AdminSocket string        `yaml:"admin_socket"`
-	MetricsAddr string        `yaml:"metrics_addr"`
-	Egress      EgressConfig  `yaml:"egress"`
-	Secrets     SecretsConfig `yaml:"secrets"`
-	Network     NetworkConfig `yaml:"network"`
-	Sandbox     SandboxConfig `yaml:"sandbox"`
+	DataDir     string `yaml:"data_dir"`
+	AdminSocket string `yaml:"admin_socket"`
+	MetricsAddr string `yaml:"metrics_addr"`
+	// UIListen serves the web console there: a loopback address only
+	// ("127.0.0.1:8088"); empty, the default, serves none.
+	UIListen string        `yaml:"ui_listen"`
+	Egress   EgressConfig  `yaml:"egress"`
+	Secrets  SecretsConfig `yaml:"secrets"`
+	Network  NetworkConfig `yaml:"network"`
+	Sandbox  SandboxConfig `yaml:"sandbox"`
 }
 
 // EgressConfig is the seed's egress section, plus netguard's prefixes,
@@ -237,6 +241,12 @@ func (c *Config) validate() error {
 	}
 	if c.Egress.LogKeep <= 0 {
 		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)
+	}
+	if c.UIListen != "" {
+		host, _, err := net.SplitHostPort(c.UIListen)
+		if ip, perr := netip.ParseAddr(host); err != nil || perr != nil || !ip.IsLoopback() {
+			return fmt.Errorf("config: ui_listen must be a loopback address and port (127.0.0.1:8088), not %q: the console is never served on a network", c.UIListen)
+		}
 	}
 	if a := c.Egress.Approvals; a.Timeout < 0 || a.MaxPendingPerAgent < 0 || (a.WebhookURL != "") != (a.WebhookSecretFile != "") {
 		return fmt.Errorf("config: egress.approvals: timeout and max_pending_per_agent must not be negative, and webhook_url and webhook_secret_file go together")

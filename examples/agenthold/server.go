@@ -52,6 +52,7 @@ type server struct {
 	rules  *nftrules.Rules
 	// approvals holds what agents in ask mode reach for, for an answer.
 	approvals *approval.Broker
+	console   *console // the web console, if ui_listen is set
 	// servers runs every server; its context ends on SIGTERM or when one
 	// fails, and serve then stops the gateway, last started first.
 	servers *lifecycle.Group
@@ -136,6 +137,9 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 		}
 	}
 	if err := s.startAdmin(); err != nil {
+		return s, err
+	}
+	if err := s.startConsole(); err != nil {
 		return s, err
 	}
 	return s, nil
