@@ -150,7 +150,9 @@ func TestConsoleChangesNeedCSRF(t *testing.T) {
 	csrf := w.login(c)
 	held := make(chan policy.Decision, 1)
 	pol := w.s.agents.get("agent0").policy.Load()
-	go func() { held <- policy.Ask(context.Background(), w.s.approvals, "agent0", pol.Decide("docs.example", 443), 443, "tls") }()
+	go func() {
+		held <- policy.Ask(context.Background(), w.s.approvals, "agent0", pol.Decide("docs.example", 443), 443, "tls")
+	}()
 	var id string
 	require.Eventually(t, func() bool {
 		p := w.s.approvals.Pending()
