@@ -39,6 +39,9 @@ type filterOptions struct {
 	guard        *netguard.Guard
 	allowPrivate bool
 	trustCNAME   bool
+	// approved: the name was approved (ask mode), and so is the chain
+	// it resolves through, but for a target refused outright.
+	approved bool
 	age          time.Duration // how long the upstream answer was cached
 }
 
@@ -68,7 +71,7 @@ func filter(up *dns.Msg, q dns.Question, o filterOptions) answer {
 			break
 		}
 		if !o.trustCNAME {
-			if d := o.policy.DecideName(strings.TrimSuffix(target, ".")); !d.Allowed {
+			if d := o.policy.DecideName(strings.TrimSuffix(target, ".")); !d.Allowed && !(o.approved && d.Askable) {
 				a.denied, a.why, a.rule = true, "CNAME target "+strings.TrimSuffix(target, ".")+": "+d.Reason, d.Rule
 				return a
 			}

@@ -62,3 +62,29 @@ func TestAskModeHoldsTheQuery(t *testing.T) {
 	require.NoError(t, h.srv.Shutdown(ctx), "Shutdown waited for a held query")
 	<-held
 }
+
+// TestApprovedNameResolvesThroughItsChain: an approved name behind a
+// CNAME (a CDN's) is answered, since its chain is how it resolves; a
+// query of a type never forwarded is refused without asking anyone.
+func TestApprovedNameResolvesThroughItsChain(t *testing.T) {
+	b := &approval.Broker{Timeout: 10 * time.Second}
+	h := newHarness(t, nil, func(s *Server) { s.Approver = b })
+	h.setPolicy(policy.Config{Ask: true})
+	got := make(chan *dns.Msg, 1)
+	go func() { got <- h.query("udp", "127.0.0.1", "cdn.test", dns.TypeA, false) }()
+	var id string
+	require.Eventually(t, func() bool {
+		if p := b.Pending(); len(p) == 1 && p[0].Name == "cdn.test" {
+			id = p[0].ID
+		}
+		return id != ""
+	}, 5*time.Second, time.Millisecond)
+	require.NoError(t, b.Answer(id, approval.Session, "alice", false))
+	resp := <-got
+	assert.Equal(t, dns.RcodeSuccess, resp.Rcode, "%+v", h.lastRecord())
+	assert.Equal(t, []string{"CNAME edge.cdn.example.", "140.82.112.9"}, answerStrings(resp))
+
+	resp = h.query("udp", "127.0.0.1", "null.example", dns.TypeNULL, false)
+	assert.Equal(t, dns.RcodeNotImplemented, resp.Rcode)
+	assert.Empty(t, b.Pending(), "a type never forwarded was asked about")
+}

@@ -365,13 +365,19 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		w.Close()
 		return
 	}
-	s.serveQuery(w, req, agent, pol, isUDP(w))
+	s.serveQuery(w, req, src, agent, pol, isUDP(w))
 }
 
-// serveQuery answers one query of agent's, and records it.
-func (s *Server) serveQuery(w dns.ResponseWriter, req *dns.Msg, agent string, pol *policy.Policy, udp bool) {
+// serveQuery answers one query of agent's from src, and records it.
+func (s *Server) serveQuery(w dns.ResponseWriter, req *dns.Msg, src netip.Addr, agent string, pol *policy.Policy, udp bool) {
 	start := time.Now()
-	resp, rec := s.answer(req, agent, pol)
+	current := func() *policy.Policy { // the agent's policy when an approval comes
+		if a, p, ok := s.identify(src); ok && a == agent {
+			return p
+		}
+		return nil
+	}
+	resp, rec := s.answer(req, agent, pol, current)
 	rec.Time = start
 	rec.Status = resp.Rcode
 	rec.Answers = len(resp.Answer)
@@ -420,7 +426,7 @@ func canonicalQuestion(name string) string {
 
 // answer decides and builds the response to one query of agent's, and
 // the record of it.
-func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy) (*dns.Msg, egresslog.Record) {
+func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current policy.Current) (*dns.Msg, egresslog.Record) {
 	resp := new(dns.Msg)
 	resp.SetReply(req)
 	resp.RecursionAvailable = true
@@ -448,15 +454,17 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy) (*dns.Ms
 		resp.Rcode = dns.RcodeRefused
 		return resp, withReason(rec, ReasonZoneTransfer)
 	}
-	d := policy.Ask(s.life, s.Approver, agent, pol.DecideName(rec.Host), 0, string(egresslog.KindDNS))
+	d := pol.DecideName(rec.Host)
+	if !forwarded(q.Qtype) && (d.Allowed || d.Askable) {
+		// A type never forwarded is not worth asking a person about.
+		rec.Allowed, rec.Reason, rec.Rule = false, ReasonQueryType, d.Rule
+		resp.Rcode = dns.RcodeNotImplemented
+		return resp, rec
+	}
+	d = policy.Ask(s.life, s.Approver, agent, d, 0, string(egresslog.KindDNS), current)
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule = d.Allowed, d.Report, d.Reason, d.Rule
 	if !d.Allowed {
 		return blocked(resp, dns.RcodeNameError, d.Reason), rec
-	}
-	if !forwarded(q.Qtype) {
-		rec.Allowed, rec.Reason = false, ReasonQueryType
-		resp.Rcode = dns.RcodeNotImplemented
-		return resp, rec
 	}
 	suspect := s.suspectTunnel(agent, rec.Host, q.Qtype)
 	if suspect != "" && s.Tunnel.Refuse {
@@ -484,6 +492,7 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy) (*dns.Ms
 		guard:        s.Guard,
 		allowPrivate: pol.AllowPrivateNetworks(),
 		trustCNAME:   s.TrustCNAME,
+		approved:     d.Approved,
 		age:          age,
 	})
 	if a.denied {

@@ -168,7 +168,7 @@ func (u *udpServer) handle(p *packet, agent string, pol *policy.Policy) {
 		w.WriteMsg(resp)
 		return
 	}
-	u.s.serveQuery(w, req, agent, pol, true)
+	u.s.serveQuery(w, req, p.src.Addr(), agent, pol, true)
 }
 
 // unpack parses a query, or returns nil when there is none to answer: a

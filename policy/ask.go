@@ -41,12 +41,30 @@ type ApprovalQuery struct {
 }
 
 // Ask is where the blocks ask: d unchanged unless it is askable and an
-// Approver is set, else the Approver's answer for agent's d on port.
-func Ask(ctx context.Context, a Approver, agent string, d Decision, port uint16, kind string) Decision {
+// Approver is set, else the Approver's answer for agent's d on port (0
+// for a lookup). An approval is checked against current, the agent's
+// policy when it comes: what that policy allows is its decision, and what
+// it refuses outright (a deny entry added while the request waited, a
+// mode that no longer asks, a name whose requests entries now judge)
+// stays refused, whatever the answer.
+func Ask(ctx context.Context, a Approver, agent string, d Decision, port uint16, kind string, current Current) Decision {
 	if a == nil || !d.Askable || d.Name == "" {
 		return d
 	}
-	return a.Approve(ctx, ApprovalQuery{Agent: agent, Name: d.Name, Port: port, Kind: kind, Refusal: d})
+	out := a.Approve(ctx, ApprovalQuery{Agent: agent, Name: d.Name, Port: port, Kind: kind, Refusal: d})
+	if !out.Allowed || current == nil {
+		return out
+	}
+	var now Decision
+	if pol := current(); port == 0 {
+		now = pol.DecideName(d.Name)
+	} else {
+		now = pol.Decide(d.Name, port)
+	}
+	if now.Allowed || !now.Askable {
+		return now
+	}
+	return out
 }
 
 // askable reports whether a denial of name on port is one ask mode asks

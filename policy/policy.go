@@ -129,9 +129,10 @@ type Decision struct {
 	// error). Empty when there is no request to answer.
 	JSONRPCReply string
 	// Askable is set on a denial of a name that the policy, in ask mode,
-	// would rather ask a person about (see Ask).
-	Askable bool
-	mcp     *mcpRule // the MCP endpoint whose messages DecideHTTP judges
+	// would rather ask a person about (see Ask); Approved on an allowed
+	// decision that an Approver's answer made.
+	Askable, Approved bool
+	mcp               *mcpRule // the MCP endpoint whose messages DecideHTTP judges
 }
 
 // AgentFunc identifies the agent behind a source address and returns its

@@ -132,6 +132,9 @@ func rejudgeTarget(pol *policy.Policy, t target, up netip.AddrPort) string {
 		d = pol.DecideAddr(t.addr, t.port)
 	}
 	if !d.Allowed {
+		if t.decision.Approved && d.Askable {
+			return "" // approved, and still the approver's to decide
+		}
 		return d.Reason
 	}
 	if d.Requests { // its requests must now be seen, and a spliced connection's are not

@@ -1,7 +1,9 @@
 package tproxy
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -95,7 +97,9 @@ func TestAskModeHoldsUntilAnswered(t *testing.T) {
 // and refused, through the explicit proxy, leave no goroutine and no
 // descriptor behind.
 func TestNoLeakAfterManyHeldAndRefused(t *testing.T) {
-	b := &approval.Broker{Timeout: 5 * time.Second, MaxPendingPerAgent: 64, MaxWaitingPerAgent: 64}
+	// No cooldown after a refusal, and no bound on the rate of asking:
+	// every request here is held and answered.
+	b := &approval.Broker{Timeout: 5 * time.Second, MaxPendingPerAgent: 64, MaxWaitingPerAgent: 64, DenyCooldown: time.Nanosecond, AskRate: 1e9}
 	w := newWorld(t, nil, func(p *Proxy) { p.Approver = b; p.MaxConnsPerAgent = 10_000 })
 	w.setPolicy(policy.Config{Ask: true, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -150,4 +154,68 @@ func heldAndRefused(t *testing.T, w *world, n int) int {
 	}
 	wg.Wait()
 	return int(refused.Load())
+}
+
+// pendingRequest waits for the approval request for name.
+func pendingRequest(t *testing.T, b *approval.Broker, name string) approval.Request {
+	t.Helper()
+	var got approval.Request
+	require.Eventually(t, func() bool {
+		for _, r := range b.Pending() {
+			if r.Name == name {
+				got = r
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, time.Millisecond, "no approval request for %s", name)
+	return got
+}
+
+// TestApprovalMeetsThePolicyOfItsMoment: an answer that comes after the
+// operator refused the destination outright (a deny entry added while it
+// waited) does not let it through.
+func TestApprovalMeetsThePolicyOfItsMoment(t *testing.T) {
+	b := &approval.Broker{Timeout: 5 * time.Second}
+	w := newWorld(t, nil, func(p *Proxy) { p.Approver = b })
+	w.setPolicy(policy.Config{Ask: true})
+	res := make(chan error, 1)
+	go func() { _, err := w.httpsGet(w.tlsAddr, "other.test"); res <- err }()
+	req := pendingRequest(t, b, "other.test")
+	w.setPolicy(policy.Config{Ask: true, Allow: []string{"!other.test"}})
+	require.NoError(t, b.Answer(req.ID, approval.Once, "webhook", false))
+	assert.Error(t, <-res, "reached other.test although a deny entry now refuses it")
+}
+
+// TestApprovedConnectionOutlivesAnUnrelatedChange: a policy change that
+// still leaves the name to approval does not end a connection approved
+// for it.
+func TestApprovedConnectionOutlivesAnUnrelatedChange(t *testing.T) {
+	b := &approval.Broker{Timeout: 5 * time.Second}
+	w := newWorld(t, nil, func(p *Proxy) { p.Approver = b })
+	w.setPolicy(policy.Config{Ask: true, Allow: []string{"github.com"}})
+	tc := tls.Client(w.dial(w.tlsAddr), &tls.Config{ServerName: "other.test", RootCAs: w.ca.Pool})
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	hs := make(chan error, 1)
+	go func() { hs <- tc.Handshake() }()
+	require.NoError(t, b.Answer(pendingRequest(t, b, "other.test").ID, approval.Session, "alice", false))
+	require.NoError(t, <-hs)
+	br := bufio.NewReader(tc)
+	get := func() error {
+		fmt.Fprintf(tc, "GET / HTTP/1.1\r\nHost: other.test\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return err
+		}
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return err
+	}
+	require.NoError(t, get())
+	w.setPolicy(policy.Config{Ask: true, Allow: []string{"github.com", "unrelated.example"}})
+	w.proxy.Rejudge("a1")
+	assert.NoError(t, get(), "ended by an unrelated policy change")
+	w.setPolicy(policy.Config{Allow: []string{"github.com"}})
+	w.proxy.Rejudge("a1")
+	assert.Error(t, get(), "kept after the agent left ask mode")
 }

@@ -252,7 +252,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, netguard.ErrNotLiteral):
 		s.dst = netip.AddrPortFrom(netip.Addr{}, uint16(port))
 		t, d = decideName(pol, host, uint16(port))
-		t, d = p.askFor(r.Context(), agent, t, d, uint16(port), egresslog.KindConnect)
+		t, d = p.askFor(r.Context(), agent, who.current, t, d, uint16(port), egresslog.KindConnect)
 		rec.Rule = d.Rule
 		if !d.Allowed {
 			refuse(refusedBy(d))

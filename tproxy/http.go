@@ -120,14 +120,14 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// The agent's policy now: a request on a kept-alive connection is
 	// judged by the policy of its moment, not the connection's.
-	agent, pol := f.agent, (*policy.Policy)(nil)
+	agent, pol, current := f.agent, (*policy.Policy)(nil), f.current
 	if f.explicit {
 		who, refusal := p.identify(r, f.src.Addr())
 		if refusal != nil {
 			refuse(*refusal)
 			return
 		}
-		agent, pol = who.agent, who.pol
+		agent, pol, current = who.agent, who.pol, who.current
 	} else if f.current != nil {
 		pol = f.current()
 	}
@@ -169,9 +169,8 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	t, d := decide(pol, host, dst)
-	asked := d.Askable // an approval allows the name, which no entry names
-	t, d = p.askFor(r.Context(), agent, t, d, dst.Port(), egresslog.KindHTTP)
-	if d.Allowed && t.host != "" && !asked {
+	t, d = p.askFor(r.Context(), agent, current, t, d, dst.Port(), egresslog.KindHTTP)
+	if d.Allowed && t.host != "" && !d.Approved { // an approval allows a name no entry names, nor judges
 		// The request itself, by its method and path (and an MCP
 		// endpoint's messages), on a host that request entries name
 		// (allowed by its address, it has none).

@@ -579,7 +579,7 @@ func (s *session) serveTLS(buf []byte, sp *speculation) {
 		t, d = s.judgeRaw() // no name of its own
 	default:
 		t, d = decide(s.pol, hello.serverName, s.dst)
-		t, d = s.p.askFor(s.ctx, s.agent, t, d, s.dst.Port(), egresslog.KindTLS)
+		t, d = s.p.askFor(s.ctx, s.agent, s.current, t, d, s.dst.Port(), egresslog.KindTLS)
 	}
 	if !d.Allowed {
 		if hello.serverName == "" && (d.Reason == policy.ReasonNoRule || d.Reason == ReasonNoName) {
@@ -673,11 +673,11 @@ func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 // would refuse for want of an entry (policy.Ask), holding it until an
 // answer: the one place tproxy asks. An approved name is dialled by the
 // name, as an allowed one is.
-func (p *Proxy) askFor(ctx context.Context, agent string, t target, d policy.Decision, port uint16, kind egresslog.Kind) (target, policy.Decision) {
+func (p *Proxy) askFor(ctx context.Context, agent string, current policy.Current, t target, d policy.Decision, port uint16, kind egresslog.Kind) (target, policy.Decision) {
 	if p.Approver == nil || !d.Askable {
 		return t, d
 	}
-	if d = policy.Ask(ctx, p.Approver, agent, d, port, string(kind)); d.Allowed {
+	if d = policy.Ask(ctx, p.Approver, agent, d, port, string(kind), current); d.Allowed {
 		t = target{host: d.Name, port: port, decision: d}
 	}
 	return t, d

@@ -248,8 +248,8 @@ func (c *Config) validate() error {
 			return fmt.Errorf("config: ui_listen must be a loopback address and port (127.0.0.1:8088), not %q: the console is never served on a network", c.UIListen)
 		}
 	}
-	if a := c.Egress.Approvals; a.Timeout < 0 || a.MaxPendingPerAgent < 0 || (a.WebhookURL != "") != (a.WebhookSecretFile != "") {
-		return fmt.Errorf("config: egress.approvals: timeout and max_pending_per_agent must not be negative, and webhook_url and webhook_secret_file go together")
+	if a := c.Egress.Approvals; a.Timeout < 0 || a.MaxPendingPerAgent < 0 || a.SessionLength < 0 || (a.WebhookURL != "") != (a.WebhookSecretFile != "") {
+		return fmt.Errorf("config: egress.approvals: timeout, max_pending_per_agent and session_length must not be negative, and webhook_url and webhook_secret_file go together")
 	}
 	for key, list := range map[string][]string{"egress.public_prefixes": c.Egress.PublicPrefixes, "egress.never_prefixes": c.Egress.NeverPrefixes} {
 		for _, p := range list {

@@ -151,7 +151,7 @@ func TestConsoleChangesNeedCSRF(t *testing.T) {
 	held := make(chan policy.Decision, 1)
 	pol := w.s.agents.get("agent0").policy.Load()
 	go func() {
-		held <- policy.Ask(context.Background(), w.s.approvals, "agent0", pol.Decide("docs.example", 443), 443, "tls")
+		held <- policy.Ask(context.Background(), w.s.approvals, "agent0", pol.Decide("docs.example", 443), 443, "tls", nil)
 	}()
 	var id string
 	require.Eventually(t, func() bool {

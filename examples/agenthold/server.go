@@ -534,6 +534,7 @@ func (s *server) setPolicy(name string, spec PolicySpec) error {
 		return err
 	}
 	s.proxy.Rejudge(name)
+	s.approvals.Revoke(name) // what was answered under the old policy is asked again
 	s.log.Info("agent policy set", "agent", name, "mode", spec.Mode, "entries", len(spec.Allow))
 	return nil
 }

@@ -293,7 +293,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 // in: asked through the control plane's webhook, when one is set, and
 // refused at the timeout. An "always" answer is the control plane's to
 // keep: it writes the entry into the policy file it owns, which the
-// watcher applies; until then the answer holds as a once.
+// watcher applies; until then the answer holds as a once does.
 func sidecarApprovals(url, secretPath string, timeout time.Duration) (*approval.Broker, error) {
 	b := &approval.Broker{Timeout: timeout, OnAlways: func(string, string) error { return nil }}
 	if (url == "") != (secretPath == "") {

@@ -458,7 +458,7 @@ func (p *pod) startInternet() {
 		// with the wrong key, which the sidecar must not take.
 		hook := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
-			if approval.Verify([]byte(webhookKey), r.Header.Get(approval.SignatureHeader), body, time.Now(), 0) != nil {
+			if approval.Verify([]byte(webhookKey), approval.Asking, r.Header.Get(approval.SignatureHeader), body, time.Now(), 0) != nil {
 				http.Error(w, "bad signature", http.StatusUnauthorized)
 				return
 			}
@@ -469,7 +469,7 @@ func (p *pod) startInternet() {
 				key = []byte("not-the-control-planes-key-0000")
 			}
 			answer, _ := json.Marshal(map[string]string{"id": req.ID, "answer": "once"})
-			w.Header().Set(approval.SignatureHeader, approval.Sign(key, answer, time.Now()))
+			w.Header().Set(approval.SignatureHeader, approval.Sign(key, approval.Answering, answer, time.Now()))
 			w.Write(answer)
 		})
 		hookLn, err := net.Listen("tcp", upstream+":8080")

@@ -47,6 +47,12 @@ const (
 	DefaultMaxPendingPerAgent = 8
 	DefaultMaxWaitingPerAgent = 64
 	DefaultOnceWindow         = 10 * time.Second
+	// DefaultDenyCooldown is how long a refused destination is refused
+	// again at once rather than asked about anew.
+	DefaultDenyCooldown = 30 * time.Second
+	// DefaultAskRate is the approval requests an agent may raise per
+	// second, in bursts of its MaxPendingPerAgent.
+	DefaultAskRate = 1.0
 )
 
 // Answer is how an approval request is answered.
@@ -96,6 +102,8 @@ type Broker struct {
 	MaxPendingPerAgent int           // zero means DefaultMaxPendingPerAgent
 	MaxWaitingPerAgent int           // zero means DefaultMaxWaitingPerAgent
 	OnceWindow         time.Duration // zero means DefaultOnceWindow
+	DenyCooldown       time.Duration // zero means DefaultDenyCooldown
+	AskRate            float64       // zero means DefaultAskRate
 	// SessionLength bounds a Session answer; zero means until the agent
 	// is forgotten.
 	SessionLength time.Duration
@@ -116,6 +124,25 @@ type Broker struct {
 	perAgent  map[string]int           // pending requests
 	waiting   map[string]int           // queries and connections waiting
 	followers map[chan Request]struct{}
+	asked     map[string]*bucket // per agent: the rate of new requests
+	closed    bool
+}
+
+// bucket is a token bucket of approval requests.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// take takes a token at now, filling at rate up to burst.
+func (k *bucket) take(now time.Time, rate float64, burst int) bool {
+	k.tokens = min(float64(burst), k.tokens+now.Sub(k.last).Seconds()*rate)
+	k.last = now
+	if k.tokens < 1 {
+		return false
+	}
+	k.tokens--
+	return true
 }
 
 type key struct {
@@ -140,7 +167,7 @@ func (k key) entry() string {
 
 type grant struct {
 	id    string
-	how   Answer
+	how   Answer // Deny: refused at once until the cooldown ends
 	by    string
 	until time.Time // zero: no end
 	once  bool      // consumed by the next connection
@@ -151,6 +178,10 @@ type pending struct {
 	dnsOnly bool // every query and connection so far was a DNS lookup
 	timer   *time.Timer
 	done    chan struct{}
+	// claimed is set while an answer that must persist an entry first is
+	// doing so: nothing else may end the request meanwhile; expired says
+	// that the timeout came in that time.
+	claimed, expired bool
 	// Set before done is closed.
 	answer Answer
 	by     string
@@ -165,6 +196,7 @@ func (b *Broker) init() {
 		b.perAgent = map[string]int{}
 		b.waiting = map[string]int{}
 		b.followers = map[chan Request]struct{}{}
+		b.asked = map[string]*bucket{}
 	}
 }
 
@@ -189,6 +221,10 @@ func (b *Broker) Approve(ctx context.Context, q policy.ApprovalQuery) policy.Dec
 	now := time.Now()
 	b.mu.Lock()
 	b.init()
+	if b.closed {
+		b.mu.Unlock()
+		return refused(q, "", policy.ReasonApprovalGone)
+	}
 	if d, ok := b.granted(k, q, now); ok {
 		b.mu.Unlock()
 		return d
@@ -199,7 +235,17 @@ func (b *Broker) Approve(ctx context.Context, q policy.ApprovalQuery) policy.Dec
 	}
 	p := b.pending[k]
 	if p == nil {
-		if b.perAgent[q.Agent] >= orDefault(b.MaxPendingPerAgent, DefaultMaxPendingPerAgent) {
+		burst := orDefault(b.MaxPendingPerAgent, DefaultMaxPendingPerAgent)
+		rate := b.AskRate
+		if rate <= 0 {
+			rate = DefaultAskRate
+		}
+		k2 := b.asked[q.Agent]
+		if k2 == nil {
+			k2 = &bucket{tokens: float64(burst), last: now}
+			b.asked[q.Agent] = k2
+		}
+		if b.perAgent[q.Agent] >= burst || !k2.take(now, rate, burst) {
 			b.mu.Unlock()
 			return refused(q, "", policy.ReasonApprovalBusy)
 		}
@@ -247,6 +293,9 @@ func (b *Broker) granted(k key, q policy.ApprovalQuery, now time.Time) (policy.D
 		delete(b.grants[k.agent], k)
 		return policy.Decision{}, false
 	}
+	if g.how == Deny {
+		return refused(q, g.id, policy.ReasonApprovalDenied+" (recently)"), true
+	}
 	if g.once {
 		if q.Kind == "dns" {
 			return policy.Decision{}, false // a once answer carries to one connection, not to more lookups
@@ -270,6 +319,10 @@ func (b *Broker) raise(k key, q policy.ApprovalQuery, now time.Time) *pending {
 	p.timer = time.AfterFunc(timeout, func() {
 		b.mu.Lock()
 		defer b.mu.Unlock()
+		if p.claimed {
+			p.expired = true // the answer being persisted decides
+			return
+		}
 		b.resolveLocked(p, "", "timeout", policy.ReasonApprovalTimeout)
 	})
 	b.record(p.req, false, "approval requested")
@@ -280,17 +333,26 @@ func (b *Broker) raise(k key, q policy.ApprovalQuery, now time.Time) *pending {
 		}
 	}
 	if b.Webhook != nil {
-		go b.ask(p.req)
+		go b.ask(p.req, p.done)
 	}
 	return p
 }
 
 // ask posts a request to the webhook and takes its answer, if it gave one.
-func (b *Broker) ask(req Request) {
+func (b *Broker) ask(req Request, done <-chan struct{}) {
 	ctx, cancel := context.WithDeadline(context.Background(), req.Expires)
 	defer cancel()
+	go func() { // the POST ends when the request does
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	a, err := b.Webhook.post(ctx, req)
 	switch {
+	case errors.Is(err, context.Canceled):
+		// answered meanwhile, or the gateway is stopping
 	case err != nil:
 		b.logger().Warn("approval webhook", "id", req.ID, "agent", req.Agent, "name", req.Name, "err", err)
 	case a != "":
@@ -303,38 +365,53 @@ func (b *Broker) ask(req Request) {
 // Answer answers the pending request id, as by says (a person's name,
 // "admin API", "webhook"). With Deny, denyEntry adds a deny entry for the
 // destination; with Always, the allow entry is added first, and the
-// request stays pending if that fails.
+// request stays pending if that fails. While an entry is being added,
+// nothing else ends the request: the entry and the answer go together.
 func (b *Broker) Answer(id string, a Answer, by string, denyEntry bool) error {
 	if _, err := ParseAnswer(string(a)); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	b.init()
-	p := b.byID[id]
-	b.mu.Unlock()
-	if p == nil {
-		return ErrNotPending
-	}
 	var hook func(agent, entry string) error
-	entry := p.req.Entry
 	switch {
 	case a == Always:
 		hook = b.OnAlways
 	case a == Deny && denyEntry:
-		hook, entry = b.OnDenyEntry, "!"+entry
+		hook = b.OnDenyEntry
 	}
 	if (a == Always || a == Deny && denyEntry) && hook == nil {
 		return ErrNoPersist
 	}
-	if hook != nil {
-		if err := hook(p.req.Agent, entry); err != nil {
-			return fmt.Errorf("approval: add %q to %s's policy: %w", entry, p.req.Agent, err)
-		}
+	b.mu.Lock()
+	b.init()
+	p := b.byID[id]
+	if p == nil || p.claimed {
+		b.mu.Unlock()
+		return ErrNotPending
 	}
+	if hook == nil {
+		defer b.mu.Unlock()
+		b.resolveLocked(p, a, by, policy.ReasonApprovalDenied)
+		return nil
+	}
+	p.claimed = true
+	b.mu.Unlock()
+	entry := p.req.Entry
+	if a == Deny {
+		entry = "!" + entry
+	}
+	err := hook(p.req.Agent, entry)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.resolveLocked(p, a, by, policy.ReasonApprovalDenied) {
-		return ErrNotPending
+	p.claimed = false
+	switch {
+	case err != nil && p.expired:
+		b.resolveLocked(p, "", "timeout", policy.ReasonApprovalTimeout)
+	case err != nil:
+	default:
+		b.resolveLocked(p, a, by, policy.ReasonApprovalDenied)
+	}
+	if err != nil {
+		return fmt.Errorf("approval: add %q to %s's policy: %w", entry, p.req.Agent, err)
 	}
 	return nil
 }
@@ -344,7 +421,7 @@ func (b *Broker) Answer(id string, a Answer, by string, denyEntry bool) error {
 // Called with b.mu held.
 func (b *Broker) resolveLocked(p *pending, a Answer, by, why string) bool {
 	k := keyOf(p.req.Agent, p.req.Name, p.req.Port)
-	if b.byID[p.req.ID] != p {
+	if b.byID[p.req.ID] != p || p.claimed {
 		return false
 	}
 	delete(b.byID, p.req.ID)
@@ -368,9 +445,17 @@ func (b *Broker) resolveLocked(p *pending, a Answer, by, why string) bool {
 		}
 		b.grant(k, g)
 	case Always:
-		// The policy holds the entry from now on; the grant covers the
-		// moment until the agent's new policy is in place.
-		g.until = time.Now().Add(orDefault(b.OnceWindow, DefaultOnceWindow))
+		// The policy holds the entry from now on; the grant is a once's,
+		// for the connection after an approved lookup, in case the
+		// agent's new policy is not yet in place.
+		if p.dnsOnly {
+			g.once, g.until = true, time.Now().Add(orDefault(b.OnceWindow, DefaultOnceWindow))
+			b.grant(k, g)
+		}
+	case Deny, "":
+		// Asked again at once, the same destination would flood the
+		// person answering: refused at once for a while.
+		g.how, g.until = Deny, time.Now().Add(orDefault(b.DenyCooldown, DefaultDenyCooldown))
 		b.grant(k, g)
 	}
 	close(p.done)
@@ -431,19 +516,32 @@ func (b *Broker) Forget(agent string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.init()
-	delete(b.grants, agent)
 	for _, p := range b.byID {
 		if p.req.Agent == agent {
 			b.resolveLocked(p, "", "gateway", policy.ReasonApprovalGone)
 		}
 	}
+	delete(b.grants, agent)
+	delete(b.asked, agent)
 }
 
-// Close refuses every pending request: the gateway is stopping.
+// Revoke drops an agent's grants (sessions, a once left for a
+// connection, refusals in their cooldown): its policy changed, and what
+// was answered under the old one is asked about again.
+func (b *Broker) Revoke(agent string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.init()
+	delete(b.grants, agent)
+}
+
+// Close refuses every pending request, and every one after: the gateway
+// is stopping.
 func (b *Broker) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.init()
+	b.closed = true
 	for _, p := range b.byID {
 		b.resolveLocked(p, "", "gateway", policy.ReasonApprovalGone)
 	}
@@ -467,7 +565,7 @@ func sortRequests(rs []Request) {
 }
 
 func approved(q policy.ApprovalQuery, id string, how Answer, by string) policy.Decision {
-	return policy.Decision{Allowed: true, Name: q.Name, Rule: "approval " + id, Reason: fmt.Sprintf("approved %s by %s", how, by)}
+	return policy.Decision{Allowed: true, Approved: true, Name: q.Name, Rule: "approval " + id, Reason: fmt.Sprintf("approved %s by %s", how, by)}
 }
 
 func refused(q policy.ApprovalQuery, id, why string) policy.Decision {

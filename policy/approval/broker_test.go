@@ -35,7 +35,7 @@ func ask(b *Broker, p *policy.Policy, agent, name string, port uint16, kind stri
 		if port == 0 {
 			d = p.DecideName(name)
 		}
-		out <- policy.Ask(context.Background(), b, agent, d, port, kind)
+		out <- policy.Ask(context.Background(), b, agent, d, port, kind, func() *policy.Policy { return p })
 	}()
 	return out
 }
@@ -236,7 +236,7 @@ func TestWebhook(t *testing.T) {
 			var got atomic.Int32
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				body, _ := io.ReadAll(r.Body)
-				if !assert.NoError(t, Verify(secret, r.Header.Get(SignatureHeader), body, time.Now(), 0), "the gateway's request is signed") {
+				if !assert.NoError(t, Verify(secret, Asking, r.Header.Get(SignatureHeader), body, time.Now(), 0), "the gateway's request is signed") {
 					return
 				}
 				var req Request
@@ -246,7 +246,7 @@ func TestWebhook(t *testing.T) {
 					req.ID = "0000000000000000"
 				}
 				answer, _ := json.Marshal(webhookAnswer{ID: req.ID, Answer: Once})
-				w.Header().Set(SignatureHeader, Sign(tc.answerKey, answer, time.Now()))
+				w.Header().Set(SignatureHeader, Sign(tc.answerKey, Answering, answer, time.Now()))
 				w.Write(answer)
 			}))
 			defer srv.Close()
@@ -265,13 +265,14 @@ func TestWebhook(t *testing.T) {
 
 func TestVerify(t *testing.T) {
 	secret, body, now := []byte("s"), []byte(`{"id":"x"}`), time.Now()
-	h := Sign(secret, body, now)
-	assert.NoError(t, Verify(secret, h, body, now, 0))
-	assert.ErrorIs(t, Verify(secret, h, []byte(`{"id":"y"}`), now, 0), ErrBadSignature, "another body")
-	assert.ErrorIs(t, Verify([]byte("t"), h, body, now, 0), ErrBadSignature, "another secret")
-	assert.ErrorIs(t, Verify(secret, h, body, now.Add(10*time.Minute), 0), ErrStale, "replayed later")
-	assert.ErrorIs(t, Verify(secret, "t=1,v1=zz", body, now, 0), ErrBadSignature)
-	assert.ErrorIs(t, Verify(secret, "", body, now, 0), ErrBadSignature)
+	h := Sign(secret, Answering, body, now)
+	assert.NoError(t, Verify(secret, Answering, h, body, now, 0))
+	assert.ErrorIs(t, Verify(secret, Asking, h, body, now, 0), ErrBadSignature, "an answer passed off as a request")
+	assert.ErrorIs(t, Verify(secret, Answering, h, []byte(`{"id":"y"}`), now, 0), ErrBadSignature, "another body")
+	assert.ErrorIs(t, Verify([]byte("t"), Answering, h, body, now, 0), ErrBadSignature, "another secret")
+	assert.ErrorIs(t, Verify(secret, Answering, h, body, now.Add(10*time.Minute), 0), ErrStale, "replayed later")
+	assert.ErrorIs(t, Verify(secret, Answering, "t=1,v1=zz", body, now, 0), ErrBadSignature)
+	assert.ErrorIs(t, Verify(secret, Answering, "", body, now, 0), ErrBadSignature)
 }
 
 func TestContextEndsTheWait(t *testing.T) {
@@ -279,7 +280,7 @@ func TestContextEndsTheWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan policy.Decision, 1)
 	p := askPolicy(t)
-	go func() { out <- policy.Ask(ctx, b, "a1", p.Decide("x.example", 443), 443, "tls") }()
+	go func() { out <- policy.Ask(ctx, b, "a1", p.Decide("x.example", 443), 443, "tls", nil) }()
 	pendingFor(t, b, "x.example", 1)
 	cancel()
 	d := wait(t, out)
@@ -308,7 +309,7 @@ func TestNoLeakAfterManyRefusals(t *testing.T) {
 	for i := range 10_000 {
 		wg.Go(func() {
 			name := fmt.Sprintf("n%d.example", i%50)
-			if !policy.Ask(context.Background(), b, "a1", p.Decide(name, 443), 443, "tls").Allowed {
+			if !policy.Ask(context.Background(), b, "a1", p.Decide(name, 443), 443, "tls", nil).Allowed {
 				refusedN.Add(1)
 			}
 		})
@@ -328,4 +329,60 @@ func TestNoLeakAfterManyRefusals(t *testing.T) {
 	b.mu.Unlock()
 	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+1 }, 5*time.Second, 10*time.Millisecond,
 		"goroutines: %d before, %d after", before, runtime.NumGoroutine())
+}
+
+// TestAskingIsBounded: a refused destination is refused at once for a
+// while rather than asked about again; an agent raises requests at a
+// bounded rate; after Close nothing is held.
+func TestAskingIsBounded(t *testing.T) {
+	b := &Broker{}
+	p := askPolicy(t)
+	ch := ask(b, p, "a1", "nag.example", 443, "tls")
+	require.NoError(t, b.Answer(pendingFor(t, b, "nag.example", 1).ID, Deny, "alice", false))
+	wait(t, ch)
+	for range 5 {
+		d := wait(t, ask(b, p, "a1", "nag.example", 443, "tls"))
+		assert.Equal(t, policy.ReasonApprovalDenied+" (recently)", d.Reason)
+	}
+	assert.Empty(t, b.Pending(), "asked again about a destination just refused")
+
+	rated := &Broker{AskRate: 0.001, MaxPendingPerAgent: 2}
+	for i := range 2 {
+		ask(rated, p, "a2", fmt.Sprintf("r%d.example", i), 443, "tls")
+		pendingFor(t, rated, fmt.Sprintf("r%d.example", i), 1)
+	}
+	rated.Close()
+	d := wait(t, ask(rated, p, "a2", "r9.example", 443, "tls"))
+	assert.Equal(t, policy.ReasonApprovalGone, d.Reason, "held after Close")
+}
+
+// TestAlwaysThenNoMoreThanOnce: an always answer whose entry the
+// policy has not taken yet carries to one connection after a lookup,
+// not to every connection for a while.
+func TestAlwaysThenNoMoreThanOnce(t *testing.T) {
+	b := &Broker{OnAlways: func(string, string) error { return nil }, Timeout: 100 * time.Millisecond}
+	p := askPolicy(t)
+	ch := ask(b, p, "a1", "cp.example", 0, "dns")
+	require.NoError(t, b.Answer(pendingFor(t, b, "cp.example", 1).ID, Always, "webhook", false))
+	require.True(t, wait(t, ch).Allowed)
+	assert.True(t, wait(t, ask(b, p, "a1", "cp.example", 443, "tls")).Allowed, "the connection after the lookup")
+	assert.False(t, wait(t, ask(b, p, "a1", "cp.example", 443, "tls")).Allowed, "another one, timed out")
+}
+
+// TestAnswerThatPersistsIsNotRacedByAnother: while an always answer adds
+// its entry, no other answer ends the request: the entry and the answer
+// go together.
+func TestAnswerThatPersistsIsNotRacedByAnother(t *testing.T) {
+	inHook, release := make(chan struct{}), make(chan struct{})
+	b := &Broker{OnAlways: func(string, string) error { close(inHook); <-release; return nil }}
+	p := askPolicy(t)
+	ch := ask(b, p, "a1", "x.example", 443, "tls")
+	id := pendingFor(t, b, "x.example", 1).ID
+	errc := make(chan error, 1)
+	go func() { errc <- b.Answer(id, Always, "alice", false) }()
+	<-inHook
+	assert.ErrorIs(t, b.Answer(id, Deny, "webhook", false), ErrNotPending, "a second answer while the first persists")
+	close(release)
+	require.NoError(t, <-errc)
+	assert.True(t, wait(t, ch).Allowed)
 }

@@ -18,8 +18,15 @@ import (
 
 // SignatureHeader carries the signature of a webhook exchange's body,
 // both ways: "t=UNIX,v1=HEX", HEX being HMAC-SHA256 with the shared
-// secret over "UNIX.BODY".
+// secret over "DIRECTION.UNIX.BODY", so that neither side's message can
+// be passed off as the other's.
 const SignatureHeader = "Egress-Signature"
+
+// The directions of a webhook exchange, which a signature covers.
+const (
+	Asking    = "request" // the gateway's request to the webhook
+	Answering = "answer"  // the webhook's answer to the gateway
+)
 
 // DefaultMaxSkew bounds how old (or how far ahead) a signature's time may
 // be.
@@ -52,7 +59,9 @@ type webhookAnswer struct {
 	Answer Answer `json:"answer"`
 }
 
-var defaultClient = &http.Client{Timeout: 10 * time.Second}
+// defaultClient follows no redirect: the request is for the URL given,
+// and its signature for no one else.
+var defaultClient = &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
 // post asks the webhook about req, and returns its answer, or "".
 func (w *Webhook) post(ctx context.Context, req Request) (Answer, error) {
@@ -68,7 +77,7 @@ func (w *Webhook) post(ctx context.Context, req Request) (Answer, error) {
 		return "", err
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(SignatureHeader, Sign(w.Secret, body, time.Now()))
+	hr.Header.Set(SignatureHeader, Sign(w.Secret, Asking, body, time.Now()))
 	c := w.Client
 	if c == nil {
 		c = defaultClient
@@ -82,7 +91,7 @@ func (w *Webhook) post(ctx context.Context, req Request) (Answer, error) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		return "", err // a 202 or an error: no answer now
 	}
-	if err := Verify(w.Secret, resp.Header.Get(SignatureHeader), answer, time.Now(), w.MaxSkew); err != nil {
+	if err := Verify(w.Secret, Answering, resp.Header.Get(SignatureHeader), answer, time.Now(), w.MaxSkew); err != nil {
 		return "", fmt.Errorf("its answer: %w", err)
 	}
 	var a webhookAnswer
@@ -98,17 +107,19 @@ func (w *Webhook) post(ctx context.Context, req Request) (Answer, error) {
 	return a.Answer, nil
 }
 
-// Sign is the SignatureHeader value for body at t.
-func Sign(secret, body []byte, t time.Time) string {
+// Sign is the SignatureHeader value for body sent in direction (Asking,
+// Answering) at t.
+func Sign(secret []byte, direction string, body []byte, t time.Time) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
-	return "t=" + ts + ",v1=" + hex.EncodeToString(mac(secret, ts, body))
+	return "t=" + ts + ",v1=" + hex.EncodeToString(mac(secret, direction, ts, body))
 }
 
-// Verify checks a SignatureHeader value for body: the signature, and its
+// Verify checks a SignatureHeader value for body sent in direction: the
+// signature, and its
 // time within maxSkew of now (zero means DefaultMaxSkew), so that a
 // recorded exchange cannot be replayed later. A receiver of the webhook
 // verifies the gateway's requests with it; the gateway, the answers.
-func Verify(secret []byte, header string, body []byte, now time.Time, maxSkew time.Duration) error {
+func Verify(secret []byte, direction, header string, body []byte, now time.Time, maxSkew time.Duration) error {
 	var ts, sig string
 	for part := range strings.SplitSeq(header, ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
@@ -124,7 +135,7 @@ func Verify(secret []byte, header string, body []byte, now time.Time, maxSkew ti
 		return ErrBadSignature
 	}
 	got, err := hex.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, mac(secret, ts, body)) {
+	if err != nil || !hmac.Equal(got, mac(secret, direction, ts, body)) {
 		return ErrBadSignature
 	}
 	skew := now.Sub(time.Unix(unix, 0))
@@ -137,8 +148,10 @@ func Verify(secret []byte, header string, body []byte, now time.Time, maxSkew ti
 	return nil
 }
 
-func mac(secret []byte, ts string, body []byte) []byte {
+func mac(secret []byte, direction, ts string, body []byte) []byte {
 	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(direction))
+	m.Write([]byte{'.'})
 	m.Write([]byte(ts))
 	m.Write([]byte{'.'})
 	m.Write(body)
