@@ -42,7 +42,7 @@ type filterOptions struct {
 	// approved: the name was approved (ask mode), and so is the chain
 	// it resolves through, but for a target refused outright.
 	approved bool
-	age          time.Duration // how long the upstream answer was cached
+	age      time.Duration // how long the upstream answer was cached
 }
 
 // filter keeps from an upstream answer only what the agent may see:
