@@ -3,7 +3,7 @@
 GO  ?= go
 BIN := bin/agenthold
 
-.PHONY: demo test deps build dev dev-down e2e
+.PHONY: demo test deps build dev dev-down e2e e2e-console
 
 # What the demo and the tests use from Debian, installed only if missing:
 # the kernel tests' tools, and the real clients of the e2e check's matrix
@@ -19,6 +19,9 @@ deps:
 	fi; \
 	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; \
+	fi; \
+	if ! command -v chromium >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
 	fi
 
 build:
@@ -31,18 +34,31 @@ demo: deps build
 # Every test: the unit and kernel tests; the noisy-neighbour and spoofed-flood load tests,
 # without the race detector, whose figures it reports; the Kubernetes
 # manifests against the API types and each block adopted alone (modules
-# of their own); then the end-to-end check against a dev stack.
+# of their own); then the end-to-end checks against a dev stack: the
+# sandboxes' real clients, and the web console in a real browser.
 test: deps
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -timeout 5m -run '^(TestNoisyNeighbour|TestSpoofedDNSFlood)$$' -v ./examples/agenthold
 	cd examples/deploycheck && $(GO) test -count=1 ./...
 	cd examples/adopt && $(GO) test -count=1 ./...
 	$(MAKE) e2e
+	$(MAKE) e2e-console
 
 # The seed's milestone check: start the dev stack, check it, stop it.
 e2e: build
 	$(MAKE) dev
 	scripts/e2e/egress.sh; status=$$?; $(MAKE) dev-down; exit $$status
+
+# The web console in headless Chromium (chromedp, a module of its own):
+# a dev stack, whose console listens on the gateway namespace's loopback,
+# and the check run in that namespace. Screenshots go to $(CONSOLE_SHOTS).
+CONSOLE_SHOTS ?= /tmp/agenthold-console-shots
+e2e-console: build
+	cd examples/consolecheck && $(GO) test -c -o $(CURDIR)/bin/consolecheck.test .
+	$(MAKE) dev
+	ns=$$(sed -n 's/.*"gateway_netns": *"\([^"]*\)".*/\1/p' /run/agenthold-dev/state.json); \
+	CONSOLE_SHOTS=$(CONSOLE_SHOTS) nsenter --net=/run/netns/$$ns ./bin/consolecheck.test -test.v -test.count=1; status=$$?; \
+	$(MAKE) dev-down; exit $$status
 
 # The dev stack: the demo's world and server, left running.
 dev: build

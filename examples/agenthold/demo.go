@@ -173,6 +173,7 @@ func (w *world) startServer() error {
 		return err
 	}
 	cfg := fmt.Sprintf(`data_dir: %s
+ui_listen: 127.0.0.1:8088
 egress:
   public_prefixes: [198.18.0.0/15]
   upstream_roots: %s
