@@ -1,11 +1,13 @@
 package egresslog
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"strconv"
+	"time"
 )
 
 // Defaults for a JSONFile's zero fields.
@@ -39,12 +41,22 @@ type JSONFile struct {
 	// Keep is the number of rotated files kept, Path.1 (the newest) to
 	// Path.Keep; zero means DefaultKeepFiles.
 	Keep int
+	// Seal, if set, makes the file an audit trail: its lines are chained
+	// and sealed with this key (see Verify), and a file appended to
+	// continues the chain it holds.
+	Seal ed25519.PrivateKey
 }
 
 // Open opens the file, creating it with mode 0600 or appending to it, and
 // returns a sink that owns it: the sink's Close closes it.
 func (c JSONFile) Open() (*JSONSink, error) {
 	sf := &segmentFile{path: c.Path, maxBytes: c.MaxBytes, keep: c.Keep}
+	if c.Seal != nil {
+		sf.chain = &chain{key: c.Seal}
+		if err := sf.chain.resume(c.Path); err != nil {
+			return nil, fmt.Errorf("egresslog: resume the chain of %s: %w", c.Path, err)
+		}
+	}
 	if sf.maxBytes <= 0 {
 		sf.maxBytes = DefaultMaxFileBytes
 	}
@@ -80,6 +92,7 @@ type segmentFile struct {
 	written int64    // bytes in f
 	buf     []byte   // whole lines not yet written to f
 	closed  bool
+	chain   *chain // an audited file's; nil for others
 }
 
 // open opens (or creates) the current segment, counting what it holds.
@@ -94,6 +107,9 @@ func (s *segmentFile) open() error {
 		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
 	}
 	s.f, s.written = f, fi.Size()
+	if s.chain != nil && s.written == 0 {
+		s.buf = append(s.buf, s.chain.segment()...) // a new file names the last line of the one before
+	}
 	return nil
 }
 
@@ -109,10 +125,13 @@ func (s *segmentFile) writeLine(line []byte) error {
 		}
 	}
 	var err error
-	if s.full(len(line)) {
+	if s.full(len(line) + chainOverhead(s.chain)) {
 		if err = s.rotate(); s.f == nil {
 			return err // the line is dropped: the files stay bounded
 		}
+	}
+	if s.chain != nil {
+		line = s.chain.link(line[:len(line)-1])
 	}
 	if len(s.buf)+len(line) > fileBuf {
 		if ferr := s.flush(); ferr != nil {
@@ -134,6 +153,9 @@ func (s *segmentFile) full(n int) bool {
 // bytes, it is cut back to its last whole line and the lines are dropped,
 // so that no line is ever split.
 func (s *segmentFile) flush() error {
+	if s.f != nil && s.chain != nil && s.chain.unsealed && time.Since(s.chain.sealed) >= DefaultSealEvery {
+		s.buf = append(s.buf, s.chain.seal(time.Now())...)
+	}
 	if len(s.buf) == 0 || s.f == nil {
 		return nil
 	}
@@ -159,6 +181,9 @@ func (s *segmentFile) closeSegment() error {
 	if s.f == nil {
 		return nil
 	}
+	if s.chain != nil && s.chain.unsealed {
+		s.buf = append(s.buf, s.chain.seal(time.Now())...) // every file ends sealed
+	}
 	err := s.flush()
 	if cerr := s.f.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("egresslog: close %s: %w", s.path, cerr))
@@ -177,6 +202,15 @@ func (s *segmentFile) rotate() error {
 		}
 	}
 	return errors.Join(err, s.open())
+}
+
+// chainOverhead is what chaining adds to a line: its place and the hash
+// before it.
+func chainOverhead(c *chain) int {
+	if c == nil {
+		return 0
+	}
+	return len(`,"chain":,"prev":""`) + 20 + 64
 }
 
 // name is the path of the i-th rotated file; 0 is the current one.

@@ -1,0 +1,221 @@
+package egresslog
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+)
+
+// An audited file (JSONFile.Seal) chains its lines and seals them: every
+// line carries its place in the chain ("chain", counting from 1 across
+// files) and the SHA-256 of the line before it ("prev", hex); a seal line
+// ({"seal": N, "hash": H, "sig": S}) signs with Ed25519 the hash of line
+// N, and with it every line before. A seal ends each file, and is written
+// at most once a second (DefaultSealEvery) whenever the file is written
+// out, so that a crash leaves few lines unsealed. A file begins with a
+// segment line chained to the last line of the one before. A person
+// without the key can change, remove, reorder or add lines only where no
+// seal covers them, at the end, and Verify says where.
+
+// DefaultSealEvery is how often, at most, an audited file is sealed as it
+// is written out.
+const DefaultSealEvery = time.Second
+
+// sealDomain is what a seal's signature covers besides the line's place
+// and hash, so that no other signature of the key passes for one.
+const sealDomain = "agenthold egress audit seal\x00"
+
+// chain is the state of an audited file's chain.
+type chain struct {
+	key      ed25519.PrivateKey
+	seq      uint64
+	prev     [32]byte
+	unsealed bool // lines since the last seal
+	sealed   time.Time
+}
+
+// link chains a line (JSON object, no newline): it appends the line's
+// place and the hash of the one before, and returns the line with a
+// newline.
+func (c *chain) link(line []byte) []byte {
+	c.seq++
+	line = append(line[:len(line)-1], `,"chain":`...)
+	line = strconv.AppendUint(line, c.seq, 10)
+	line = append(line, `,"prev":"`...)
+	line = hex.AppendEncode(line, c.prev[:])
+	line = append(line, `"}`...)
+	c.prev = sha256.Sum256(line)
+	c.unsealed = true
+	return append(line, '\n')
+}
+
+// segment is the first line of a file: chained to the last line of the
+// one before.
+func (c *chain) segment() []byte {
+	return c.link([]byte(`{"segment":true}`))
+}
+
+// seal is the line that signs the chain up to now.
+func (c *chain) seal(now time.Time) []byte {
+	c.unsealed, c.sealed = false, now
+	sig := ed25519.Sign(c.key, sealMessage(c.seq, c.prev))
+	return fmt.Appendf(nil, `{"seal":%d,"hash":"%x","sig":"%s"}`+"\n", c.seq, c.prev, base64.StdEncoding.EncodeToString(sig))
+}
+
+func sealMessage(seq uint64, hash [32]byte) []byte {
+	msg := append([]byte(sealDomain), binary.BigEndian.AppendUint64(nil, seq)...)
+	return append(msg, hash[:]...)
+}
+
+// resume takes up the chain of an existing file from its last whole
+// chained line, so that a restarted gateway continues it.
+func (c *chain) resume(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l auditLine
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Chain != nil {
+			c.seq, c.prev = *l.Chain, sha256.Sum256(sc.Bytes())
+		}
+	}
+	return sc.Err()
+}
+
+// auditLine is what Verify reads of a line.
+type auditLine struct {
+	Chain *uint64 `json:"chain"`
+	Prev  string  `json:"prev"`
+	Seal  *uint64 `json:"seal"`
+	Hash  string  `json:"hash"`
+	Sig   string  `json:"sig"`
+}
+
+// Verification is what Verify found.
+type Verification struct {
+	Lines  int // chained lines read
+	Sealed int // of them, covered by a valid seal
+	// Unsealed are the last lines, which no seal covers yet: written
+	// after the last seal by a gateway that stopped (or still writes),
+	// or added by someone without the key. Never counted as Problems.
+	Unsealed []Place
+	Problems []Problem
+}
+
+// Place is a line of a file (counting from 1).
+type Place struct {
+	File string
+	Line int
+}
+
+// Problem is a place where the files were changed.
+type Problem struct {
+	Place
+	What string
+}
+
+func (p Problem) String() string { return fmt.Sprintf("%s:%d: %s", p.File, p.Line, p.What) }
+
+// Verify checks audited files, given oldest first (path.2, path.1,
+// path), with the public half of the key that sealed them: that each
+// line follows the one before, that the chain counts on without a gap,
+// and that each seal signs the chain up to its line. It reports each
+// place where a line was changed, removed, reordered or added, and the
+// lines at the end that no seal covers.
+func Verify(pub ed25519.PublicKey, paths ...string) (Verification, error) {
+	var v Verification
+	var prev [32]byte
+	var seq uint64
+	started := false
+	var pending []Place // chained lines since the last valid seal
+	for _, path := range paths {
+		f, err := os.Open(path)
+		if err != nil {
+			return v, err
+		}
+		err = v.verifyFile(f, path, pub, &prev, &seq, &started, &pending)
+		f.Close()
+		if err != nil {
+			return v, err
+		}
+	}
+	v.Unsealed = pending
+	return v, nil
+}
+
+func (v *Verification) verifyFile(r io.Reader, path string, pub ed25519.PublicKey, prev *[32]byte, seq *uint64, started *bool, pending *[]Place) error {
+	br := bufio.NewReader(r)
+	for n := 1; ; n++ {
+		line, err := br.ReadBytes('\n')
+		if len(line) == 0 && err == io.EOF {
+			return nil
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
+		at := Place{path, n}
+		if !bytes.HasSuffix(line, []byte("\n")) {
+			// A line cut short: a crash mid-write, if nothing follows.
+			*pending = append(*pending, at)
+			return nil
+		}
+		line = line[:len(line)-1]
+		var l auditLine
+		if json.Unmarshal(line, &l) != nil {
+			v.Problems = append(v.Problems, Problem{at, "not a JSON line"})
+			continue
+		}
+		switch {
+		case l.Seal != nil:
+			v.checkSeal(at, l, pub, *prev, *seq, pending)
+		case l.Chain == nil:
+			v.Problems = append(v.Problems, Problem{at, "a line without its place in the chain (added)"})
+		default:
+			v.Lines++
+			if *started {
+				switch {
+				case *l.Chain <= *seq:
+					v.Problems = append(v.Problems, Problem{at, fmt.Sprintf("line %d of the chain comes after line %d (lines reordered or repeated)", *l.Chain, *seq)})
+				case *l.Chain > *seq+1:
+					v.Problems = append(v.Problems, Problem{at, fmt.Sprintf("the chain jumps from line %d to %d (lines removed)", *seq, *l.Chain)})
+				case l.Prev != hex.EncodeToString(prev[:]):
+					v.Problems = append(v.Problems, Problem{at, "does not follow the line before it (that line was changed)"})
+				}
+			}
+			*started, *seq, *prev = true, *l.Chain, sha256.Sum256(line)
+			*pending = append(*pending, at)
+		}
+	}
+}
+
+// checkSeal checks a seal against the chain so far.
+func (v *Verification) checkSeal(at Place, l auditLine, pub ed25519.PublicKey, prev [32]byte, seq uint64, pending *[]Place) {
+	sig, err := base64.StdEncoding.DecodeString(l.Sig)
+	switch {
+	case err != nil || !ed25519.Verify(pub, sealMessage(*l.Seal, prev), sig):
+		v.Problems = append(v.Problems, Problem{at, "a seal that does not sign the lines before it (they were changed, or the seal forged)"})
+	case *l.Seal != seq || l.Hash != hex.EncodeToString(prev[:]):
+		v.Problems = append(v.Problems, Problem{at, "a seal of another place in the chain"})
+	default:
+		v.Sealed += len(*pending)
+		*pending = (*pending)[:0]
+	}
+}

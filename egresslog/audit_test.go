@@ -1,0 +1,200 @@
+package egresslog
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// auditedFiles writes n records through a Log to an audited file rotated
+// small, and returns the key and the files, oldest first.
+func auditedFiles(t *testing.T, n int) (ed25519.PublicKey, []string) {
+	t.Helper()
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	sink, err := JSONFile{Path: path, MaxBytes: 8 << 10, Keep: 50, Seal: key}.Open()
+	require.NoError(t, err)
+	l := &Log{Sinks: []Sink{sink}, SinkQueue: n, DenialBurst: n}
+	for i := range n {
+		l.Record(Record{Agent: "a1", Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Port: 443, Allowed: i%3 != 0, Reason: "r"})
+	}
+	require.NoError(t, l.Shutdown(t.Context()))
+	var files []string
+	for i := 50; i > 0; i-- {
+		if _, err := os.Stat(fmt.Sprintf("%s.%d", path, i)); err == nil {
+			files = append(files, fmt.Sprintf("%s.%d", path, i))
+		}
+	}
+	return pub, append(files, path)
+}
+
+func TestAuditedFilesVerify(t *testing.T) {
+	pub, files := auditedFiles(t, 300)
+	require.Greater(t, len(files), 3, "rotated")
+	v, err := Verify(pub, files...)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Empty(t, v.Unsealed)
+	assert.Equal(t, v.Lines, v.Sealed)
+	assert.Greater(t, v.Lines, 300, "records and the files' first lines")
+	// Records still read as records.
+	data, err := os.ReadFile(files[len(files)-1])
+	require.NoError(t, err)
+	first, _, _ := strings.Cut(string(data), "\n")
+	_, err = ParseJSON([]byte(strings.SplitN(string(data), "\n", 3)[1]))
+	assert.NoError(t, err, "a record line of an audited file parses as a record")
+	assert.Contains(t, first, `"segment":true`)
+
+	other, _, _ := ed25519.GenerateKey(rand.Reader)
+	v, err = Verify(other, files...)
+	require.NoError(t, err)
+	assert.NotEmpty(t, v.Problems, "verified with another key")
+}
+
+// TestAuditTampering: each way to change an audited file is reported at
+// its place; a crash is an unsealed tail, not tampering.
+func TestAuditTampering(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tamper func(t *testing.T, files []string) (file string, line int)
+		what   string // "" for no problem, only an unsealed tail
+	}{
+		{"a changed byte", func(t *testing.T, files []string) (string, int) {
+			editLines(t, files[1], func(ls []string) []string { ls[3] = strings.Replace(ls[3], `"h`, `"x`, 1); return ls })
+			return files[1], 5
+		}, "does not follow the line before it"},
+		{"a deleted line", func(t *testing.T, files []string) (string, int) {
+			editLines(t, files[1], func(ls []string) []string { return append(ls[:3], ls[4:]...) })
+			return files[1], 4
+		}, "the chain jumps"},
+		{"two lines swapped", func(t *testing.T, files []string) (string, int) {
+			editLines(t, files[1], func(ls []string) []string { ls[3], ls[4] = ls[4], ls[3]; return ls })
+			return files[1], 4
+		}, "the chain jumps"},
+		{"a forged line appended", func(t *testing.T, files []string) (string, int) {
+			last := files[len(files)-1]
+			editLines(t, last, func(ls []string) []string {
+				return append(ls, `{"time":"2026-12-01T00:00:00Z","agent":"a1","kind":"tls","allowed":true}`)
+			})
+			return last, 0
+		}, "a line without its place in the chain"},
+		{"a segment replaced", func(t *testing.T, files []string) (string, int) {
+			_, forger, _ := ed25519.GenerateKey(rand.Reader)
+			replaceSegment(t, files[1], forger)
+			return files[1], 0
+		}, "a seal that does not sign the lines before it"},
+		{"cut by a crash mid-write", func(t *testing.T, files []string) (string, int) {
+			last := files[len(files)-1]
+			data, err := os.ReadFile(last)
+			require.NoError(t, err)
+			lines := strings.SplitAfter(string(data), "\n")
+			cut := strings.Join(lines[:len(lines)-3], "") + lines[len(lines)-3][:10] // the seal gone, a line half written
+			require.NoError(t, os.WriteFile(last, []byte(cut), 0o600))
+			return last, 0
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pub, files := auditedFiles(t, 300)
+			file, line := tc.tamper(t, files)
+			v, err := Verify(pub, files...)
+			require.NoError(t, err)
+			if tc.what == "" {
+				assert.Empty(t, v.Problems, "a crash reported as tampering")
+				assert.NotEmpty(t, v.Unsealed, "the unsealed tail")
+				assert.Equal(t, file, v.Unsealed[0].File)
+				return
+			}
+			require.NotEmpty(t, v.Problems, "not noticed")
+			p := v.Problems[0]
+			assert.Contains(t, p.What, tc.what, "%v", v.Problems)
+			assert.Equal(t, file, p.File, "%v", v.Problems)
+			if line > 0 {
+				assert.Equal(t, line, p.Line, "%v", v.Problems)
+			}
+		})
+	}
+}
+
+// TestAuditFileResumes: a file opened again continues its chain.
+func TestAuditFileResumes(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	for round := range 3 {
+		sink, err := JSONFile{Path: path, Seal: key}.Open()
+		require.NoError(t, err)
+		for i := range 5 {
+			require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindDNS, Host: fmt.Sprintf("r%d-%d.example", round, i), Allowed: true}))
+		}
+		require.NoError(t, sink.Close())
+	}
+	v, err := Verify(pub, path)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Equal(t, 16, v.Sealed, "the segment line and 15 records")
+}
+
+func editLines(t *testing.T, path string, edit func([]string) []string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	require.NoError(t, os.WriteFile(path, []byte(strings.Join(edit(lines), "\n")+"\n"), 0o600))
+}
+
+// replaceSegment rewrites a file's records as someone without the key
+// would: a consistent chain, sealed with another key.
+func replaceSegment(t *testing.T, path string, forger ed25519.PrivateKey) {
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	lines := bytes.Split(bytes.TrimSuffix(data, []byte("\n")), []byte("\n"))
+	var l auditLine
+	require.NoError(t, json.Unmarshal(lines[0], &l))
+	var prev [32]byte
+	_, err = hex.Decode(prev[:], []byte(l.Prev))
+	require.NoError(t, err)
+	c := &chain{key: forger, seq: *l.Chain - 1, prev: prev}
+	var out []byte
+	out = append(out, c.segment()...)
+	for i := range 20 {
+		out = append(out, c.link(fmt.Appendf(nil, `{"time":"2026-12-01T00:00:00Z","agent":"a1","kind":"tls","host":"forged%d.example","allowed":true}`, i))...)
+	}
+	out = append(out, c.seal(c.sealed)...)
+	require.NoError(t, os.WriteFile(path, out, 0o600))
+}
+
+func BenchmarkChainedRecord(b *testing.B) {
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	sink, err := JSONFile{Path: filepath.Join(b.TempDir(), "e.jsonl"), Seal: key, MaxBytes: 1 << 30}.Open()
+	require.NoError(b, err)
+	defer sink.Close()
+	r := &Record{Agent: "a1", Kind: KindHTTP, Host: "api.github.com", Port: 443, Method: "GET", Path: "/repos/acme/widgets", Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "api.github.com"}
+	b.ReportAllocs()
+	for b.Loop() {
+		sink.WriteRecord(r)
+	}
+	sink.Flush()
+}
+
+func BenchmarkUnchainedRecord(b *testing.B) {
+	sink, err := JSONFile{Path: filepath.Join(b.TempDir(), "e.jsonl"), MaxBytes: 1 << 30}.Open()
+	require.NoError(b, err)
+	defer sink.Close()
+	r := &Record{Agent: "a1", Kind: KindHTTP, Host: "api.github.com", Port: 443, Method: "GET", Path: "/repos/acme/widgets", Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "api.github.com"}
+	b.ReportAllocs()
+	for b.Loop() {
+		sink.WriteRecord(r)
+	}
+	sink.Flush()
+}
