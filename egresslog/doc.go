@@ -52,6 +52,12 @@
 // placeholder may have been replaced. Strings are bounded (MaxHostLen and
 // friends).
 //
+// A JSONFile with a Seal key is an audit trail: its lines are chained by
+// SHA-256 and sealed with Ed25519 at the end of each file and about once a
+// second as it is written, and Verify says where the files were changed,
+// which lines were removed, reordered or added, and which last lines no
+// seal covers yet (what a crash leaves, never counted as tampering).
+//
 // egresslog does not ship records anywhere but its sinks, does not rotate
 // files by age, and does not sign or chain what it writes; it imports
 // only the standard library.

@@ -115,6 +115,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/approvals", s.listApprovals)
 	mux.HandleFunc("POST /v1/approvals/{id}", s.answerApproval)
 	mux.HandleFunc("POST /v1/ui/token", s.makeUIToken)
+	mux.HandleFunc("GET /v1/audit/key", s.serveAuditKey)
 	mux.HandleFunc("GET /v1/ca", s.serveCA)
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
 	return mux

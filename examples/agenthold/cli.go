@@ -92,6 +92,11 @@ func init() {
 				"socket, other agents' namespaces and every host process are out of its sight; its home is /home/AGENT.\n" +
 				"It is not a container: the host's filesystem is readable as file permissions allow. Production sandboxes\n" +
 				"are containers that join the agent's namespace (agent create --netns)."},
+		{name: "audit key", synopsis: "", run: cmdAuditKey,
+			help: "Print the public half of the key that seals the request log file (egress.log_file_audit), for verifying it anywhere."},
+		{name: "audit verify", synopsis: "[--key BASE64] FILE...", run: cmdAuditVerify,
+			help: "Check a sealed request log, its files oldest first: each place where a line was changed, removed, reordered or added,\n" +
+				"and the last lines no seal covers yet (a crash leaves some; they are not tampering)."},
 		{name: "ui token", synopsis: "", run: cmdUIToken,
 			help: "Make the web console's login token (ui_listen), shown this once; a new one ends every console session."},
 		{name: "approvals", synopsis: "[--follow]", run: cmdApprovals,

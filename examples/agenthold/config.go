@@ -43,16 +43,19 @@ type Config struct {
 // EgressConfig is the seed's egress section, plus netguard's prefixes,
 // extra upstream roots and token refresh endpoints.
 type EgressConfig struct {
-	Disabled       bool            `yaml:"disabled"`
-	ProxyPort      uint16          `yaml:"proxy_port"`
-	ExplicitPort   uint16          `yaml:"explicit_port"`
-	DNSPort        uint16          `yaml:"dns_port"`
-	DNSUpstream    string          `yaml:"dns_upstream"`
-	DNSTunnelling  string          `yaml:"dns_tunnelling"`
-	LogKeep        int             `yaml:"log_keep"`
-	LogFile        string          `yaml:"log_file"`
-	LogFileMaxMB   int             `yaml:"log_file_max_mb"`
-	LogFileKeep    int             `yaml:"log_file_keep"`
+	Disabled      bool   `yaml:"disabled"`
+	ProxyPort     uint16 `yaml:"proxy_port"`
+	ExplicitPort  uint16 `yaml:"explicit_port"`
+	DNSPort       uint16 `yaml:"dns_port"`
+	DNSUpstream   string `yaml:"dns_upstream"`
+	DNSTunnelling string `yaml:"dns_tunnelling"`
+	LogKeep       int    `yaml:"log_keep"`
+	LogFile       string `yaml:"log_file"`
+	LogFileMaxMB  int    `yaml:"log_file_max_mb"`
+	LogFileKeep   int    `yaml:"log_file_keep"`
+	// LogFileAudit chains and seals log_file with the gateway's audit key
+	// (<data_dir>/audit.key): agenthold audit verify checks it.
+	LogFileAudit   bool            `yaml:"log_file_audit"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
 	RemoteListen   string          `yaml:"remote_listen"`
 	RemoteTLS      bool            `yaml:"remote_tls"`

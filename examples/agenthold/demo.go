@@ -178,6 +178,7 @@ egress:
   public_prefixes: [198.18.0.0/15]
   upstream_roots: %s
   log_file: %s
+  log_file_audit: true
   remote_listen: %s:15443
   remote_tls: true
   approvals:

@@ -241,7 +241,7 @@ func parse(fs *flag.FlagSet, args []string, positional int) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
-	if len(pos) != positional {
+	if positional >= 0 && len(pos) != positional { // below 0: any number
 		return nil, usagef("%s takes %d argument(s), not %d (agenthold %s --help)", fs.Name(), positional, len(pos), fs.Name())
 	}
 	return pos, nil

@@ -100,7 +100,13 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	}
 	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep, KeepDenied: cfg.Egress.LogKeep, CountedReasons: countedReasons()}
 	if cfg.Egress.LogFile != "" {
-		sink, err := egresslog.JSONFile{Path: cfg.Egress.LogFile, MaxBytes: int64(cfg.Egress.LogFileMaxMB) << 20, Keep: cfg.Egress.LogFileKeep}.Open()
+		file := egresslog.JSONFile{Path: cfg.Egress.LogFile, MaxBytes: int64(cfg.Egress.LogFileMaxMB) << 20, Keep: cfg.Egress.LogFileKeep}
+		if cfg.Egress.LogFileAudit {
+			if file.Seal, err = loadAuditKey(s.auditKeyPath()); err != nil {
+				return s, fmt.Errorf("egress.log_file_audit: %w", err)
+			}
+		}
+		sink, err := file.Open()
 		if err != nil {
 			return s, fmt.Errorf("egress.log_file: %w", err)
 		}

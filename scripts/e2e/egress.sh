@@ -160,6 +160,18 @@ check "no value in the secret list"           no_secret "$AH" secret list --json
 check "no value in the sandbox environment"   no_secret "$AH" exec alice -- env
 check "metrics count alice's records"         bash -c "'$AH' metrics | grep -qE '^agenthold_egress_records_total\\{agent=\"alice\"\\} [1-9]'"
 check "denials are logged with a reason"      bash -c "'$AH' log --json --denied --limit 0 | grep -q '\"reason\":\"no allow entry matches the host\"'"
+# The request log file is an audit trail: chained and sealed, it
+# verifies, and a line changed in it is found.
+logf="$(dirname "$(field data_dir)")/egress.jsonl"
+check "audit: the request log verifies"          "$AH" audit verify "$logf"
+tampered() { # tampered: a copy of the log with one record's agent changed is reported, at the line after it
+	local t n out; t=$(mktemp); cp "$logf" "$t"
+	n=$(grep -n '"agent":"' "$t" | sed -n 2p | cut -d: -f1)
+	sed -i "${n}s/\"agent\":\"/\"agent\":\"x/" "$t"
+	out=$("$AH" audit verify "$t"); local rc=$?; rm -f "$t"
+	[ $rc -ne 0 ] && grep -qE "^TAMPERED .*:$((n + 1)): " <<<"$out" || { echo "$out"; return 1; }
+}
+check "audit: a changed line is found"           tampered
 elapsed=$(echo "$(date +%s.%N) - $start" | bc 2>/dev/null || echo "?")
 
 # Figures: median over 20 new connections from a sandbox of the TLS
