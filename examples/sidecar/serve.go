@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -118,6 +119,7 @@ func cmdServe(args []string) error {
 	logPath := fs.String("log", "", "also write records as JSON lines to this file, rotated by size")
 	logMaxMB := fs.Int("log-max-mb", egresslog.DefaultMaxFileBytes>>20, "rotate --log at this many MiB")
 	logFiles := fs.Int("log-files", egresslog.DefaultKeepFiles, "rotated --log files kept (FILE.1 to FILE.N)")
+	logSeal := fs.String("log-seal", "", "an Ed25519 seed file (32 bytes) that chains and seals --log as an audit trail (egresslog.Verify)")
 	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
 	tunnelling := fs.String("dns-tunnelling", "record", "lookups that look like DNS tunnelling: record, or refuse")
 	webhook := fs.String("approval-webhook", "", "under a policy with mode: ask, the control plane's URL asked about each destination no entry allows")
@@ -151,6 +153,13 @@ func cmdServe(args []string) error {
 		return err
 	}
 	logFile := egresslog.JSONFile{Path: *logPath, MaxBytes: int64(*logMaxMB) << 20, Keep: *logFiles}
+	if *logSeal != "" {
+		seed, err := os.ReadFile(*logSeal)
+		if err != nil || len(seed) != ed25519.SeedSize {
+			return fmt.Errorf("--log-seal: want a file of an Ed25519 seed (%d bytes): %v", ed25519.SeedSize, err)
+		}
+		logFile.Seal = ed25519.NewKeyFromSeed(seed)
+	}
 	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, public, roots, tunnel, approvals, logger)
 	if err != nil {
 		return err

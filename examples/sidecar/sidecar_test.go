@@ -3,7 +3,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -169,8 +171,9 @@ type pod struct {
 	// baseRoots is the system bundle install-ca extends: here the test's
 	// stand-in for the public web PKI.
 	baseRoots string
-	// webhookSecret is the file of the approval webhook's key.
-	webhookSecret string
+	// webhookSecret is the file of the approval webhook's key, sealKey
+	// the seed of the key that seals the records.
+	webhookSecret, sealKey string
 }
 
 // webhookKey is the approval webhook's HMAC key: the control plane's and
@@ -343,6 +346,11 @@ func TestPodInNamespaces(t *testing.T) {
 	p.sidecar.Wait()
 	_, err = os.Stat(p.creds)
 	assert.ErrorIs(t, err, os.ErrNotExist, "the credentials file outlived the sidecar")
+	v, err := egresslog.Verify(ed25519.NewKeyFromSeed(bytes.Repeat([]byte{9}, ed25519.SeedSize)).Public().(ed25519.PublicKey), p.records)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems, "the sealed records")
+	assert.Empty(t, v.Unsealed, "a stopped sidecar leaves its records sealed")
+	assert.Positive(t, v.Sealed)
 	p.writePolicy(good)
 	for _, url := range []string{"http://api.test/", "http://" + upstream + "/"} {
 		out, err := p.sandbox("curl", "-sS", "--max-time", "5", url)
@@ -372,6 +380,8 @@ func newPod(t *testing.T) *pod {
 	p.policy = filepath.Join(dir, "policy", "policy.yaml")
 	os.Mkdir(filepath.Dir(p.policy), 0o755)
 	p.records = filepath.Join(dir, "records.jsonl")
+	p.sealKey = filepath.Join(dir, "seal.key")
+	require.NoError(t, os.WriteFile(p.sealKey, bytes.Repeat([]byte{9}, ed25519.SeedSize), 0o644))
 	p.webhookSecret = filepath.Join(dir, "webhook.key")
 	require.NoError(t, os.WriteFile(p.webhookSecret, []byte(webhookKey), 0o644))
 	p.creds = filepath.Join(dir, "creds", "credentials.yaml")
@@ -507,7 +517,8 @@ func (p *pod) startSidecar() {
 	t := p.t
 	cmd := exec.Command("nsenter", "--net="+p.ns.Path(), "-S", fmt.Sprint(sidecarUID), "-G", fmt.Sprint(sidecarUID), p.self, "serve",
 		"--policy", p.policy, "--credentials", p.creds, "--dns-upstream", "198.18.0.1:53", "--public", "198.18.0.0/15", "--log", p.records, "--upstream-roots", p.baseRoots,
-		"--approval-webhook", "http://"+upstream+":8080/approve", "--approval-secret", p.webhookSecret, "--approval-timeout", "2s")
+		"--approval-webhook", "http://"+upstream+":8080/approve", "--approval-secret", p.webhookSecret, "--approval-timeout", "2s",
+		"--log-seal", p.sealKey)
 	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1")
 	cmd.Stderr = os.Stderr
 	stdout, _ := cmd.StdoutPipe()

@@ -8,6 +8,7 @@ package learn
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"strings"
@@ -74,7 +75,9 @@ func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 		}
 		rec, err := egresslog.ParseJSON(sc.Bytes())
 		if err != nil {
-			skipped++
+			if !auditLine(sc.Bytes()) {
+				skipped++
+			}
 			continue
 		}
 		if agent != "" && rec.Agent != agent {
@@ -85,6 +88,12 @@ func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 		}
 	}
 	return out, skipped, sc.Err()
+}
+
+// auditLine reports whether a line is an audited file's own (a seal, or
+// the line that begins a file), which holds no record.
+func auditLine(line []byte) bool {
+	return bytes.HasPrefix(line, []byte(`{"seal":`)) || bytes.HasPrefix(line, []byte(`{"segment":true,`))
 }
 
 // WriteSupport writes, as YAML comments, what a suggestion rests on: how

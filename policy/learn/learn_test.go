@@ -66,6 +66,13 @@ func TestRead(t *testing.T) {
 	require.Len(t, obs, 1)
 	assert.Equal(t, "x.test", obs[0].Host)
 	assert.Equal(t, 1, skipped, "a line cut short is skipped and counted")
+
+	// An audited file's own lines hold no record, and are not unreadable.
+	audited := `{"segment":true,"chain":1,"prev":"00"}` + "\n" + b.String() + `{"seal":3,"hash":"ab","sig":"cd"}` + "\n"
+	obs, skipped, err = Read(strings.NewReader(audited), "")
+	require.NoError(t, err)
+	assert.Len(t, obs, 2)
+	assert.Zero(t, skipped)
 }
 
 func TestWriteSupport(t *testing.T) {
