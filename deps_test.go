@@ -17,7 +17,11 @@ const module = "github.com/agenthold/egress"
 var allowedDeps = map[string][]string{
 	"netguard":  {module + "/internal/prefixmap"},
 	"egresslog": nil,
-	"vault":     {module + "/internal/hostname", module + "/internal/redact", module + "/internal/budget"},
+	// OTLP export with OpenTelemetry's SDK: apart, so that no other user
+	// of egresslog links it.
+	"egresslog/otlp": {module + "/egresslog", "go.opentelemetry.io", "google.golang.org", "github.com/cenkalti/backoff",
+		"github.com/cespare/xxhash", "github.com/go-logr", "github.com/google/uuid", "github.com/grpc-ecosystem/grpc-gateway"},
+	"vault": {module + "/internal/hostname", module + "/internal/redact", module + "/internal/budget"},
 	// AWS's own SigV4 signer for vault's AWSSigV4 mode: apart, so that
 	// no other user of vault links the AWS SDK.
 	"vault/awssig": {module + "/vault", "github.com/aws/aws-sdk-go-v2", "github.com/aws/smithy-go"},

@@ -55,7 +55,10 @@ type EgressConfig struct {
 	LogFileKeep   int    `yaml:"log_file_keep"`
 	// LogFileAudit chains and seals log_file with the gateway's audit key
 	// (<data_dir>/audit.key): agenthold audit verify checks it.
-	LogFileAudit   bool            `yaml:"log_file_audit"`
+	LogFileAudit bool `yaml:"log_file_audit"`
+	// OTLPLogs sends every record as an OTLP log record to the collector
+	// the OTEL_EXPORTER_OTLP_* variables name (egresslog/otlp).
+	OTLPLogs       bool            `yaml:"otlp_logs"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
 	RemoteListen   string          `yaml:"remote_listen"`
 	RemoteTLS      bool            `yaml:"remote_tls"`

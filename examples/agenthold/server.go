@@ -24,6 +24,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/egresslog/otlp"
 	"github.com/agenthold/egress/examples/lifecycle"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
@@ -109,6 +110,13 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 		sink, err := file.Open()
 		if err != nil {
 			return s, fmt.Errorf("egress.log_file: %w", err)
+		}
+		s.elog.Sinks = append(s.elog.Sinks, sink)
+	}
+	if cfg.Egress.OTLPLogs {
+		sink, err := otlp.New(ctx)
+		if err != nil {
+			return s, fmt.Errorf("egress.otlp_logs: %w", err)
 		}
 		s.elog.Sinks = append(s.elog.Sinks, sink)
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/egresslog/otlp"
 	"github.com/agenthold/egress/examples/lifecycle"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
@@ -119,6 +120,7 @@ func cmdServe(args []string) error {
 	logPath := fs.String("log", "", "also write records as JSON lines to this file, rotated by size")
 	logMaxMB := fs.Int("log-max-mb", egresslog.DefaultMaxFileBytes>>20, "rotate --log at this many MiB")
 	logFiles := fs.Int("log-files", egresslog.DefaultKeepFiles, "rotated --log files kept (FILE.1 to FILE.N)")
+	otlpLogs := fs.Bool("otlp-logs", false, "also send every record as an OTLP log record to the collector that OTEL_EXPORTER_OTLP_ENDPOINT names")
 	logSeal := fs.String("log-seal", "", "an Ed25519 seed file (32 bytes) that chains and seals --log as an audit trail (egresslog.Verify)")
 	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
 	tunnelling := fs.String("dns-tunnelling", "record", "lookups that look like DNS tunnelling: record, or refuse")
@@ -160,7 +162,7 @@ func cmdServe(args []string) error {
 		}
 		logFile.Seal = ed25519.NewKeyFromSeed(seed)
 	}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, public, roots, tunnel, approvals, logger)
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, *otlpLogs, public, roots, tunnel, approvals, logger)
 	if err != nil {
 		return err
 	}
@@ -204,7 +206,7 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, logger *slog.Logger) (sc *sidecar, err error) {
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, otlpLogs bool, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, logger *slog.Logger) (sc *sidecar, err error) {
 	sc = &sidecar{accepted: map[uint16]*atomic.Int64{}, servers: lifecycle.New(ctx)}
 	defer func() {
 		if err != nil {
@@ -244,6 +246,13 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 			return sc, err
 		}
 		sc.log.Sinks = []egresslog.Sink{sink, egresslog.SlogSink{Logger: logger}}
+	}
+	if otlpLogs {
+		sink, err := otlp.New(ctx)
+		if err != nil {
+			return sc, fmt.Errorf("--otlp-logs: %w", err)
+		}
+		sc.log.Sinks = append(sc.log.Sinks, sink)
 	}
 	sc.servers.OnStop("egress log", sc.log.Shutdown) // closes the file too
 	// Everything in the Pod is the sandbox; its policy is the file's.
