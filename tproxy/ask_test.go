@@ -219,3 +219,35 @@ func TestApprovedConnectionOutlivesAnUnrelatedChange(t *testing.T) {
 	w.proxy.Rejudge("a1")
 	assert.Error(t, get(), "kept after the agent left ask mode")
 }
+
+// TestConnectApprovalCoversTheRequestsInside: a CONNECT approved once
+// carries the plain HTTP requests inside its tunnel, which are for the
+// name approved: the person is asked once.
+func TestConnectApprovalCoversTheRequestsInside(t *testing.T) {
+	b := &approval.Broker{Timeout: 2 * time.Second}
+	w := newWorld(t, nil, func(p *Proxy) { p.Approver = b })
+	w.setPolicy(policy.Config{Ask: true})
+	out := make(chan string, 1)
+	go func() {
+		c, err := net.Dial("tcp", w.explicit.Addr().String())
+		if err != nil {
+			out <- err.Error()
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(8 * time.Second))
+		fmt.Fprintf(c, "CONNECT svc.test:%d HTTP/1.1\r\nHost: svc.test\r\n\r\n", w.httpAddr.Port())
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		if err != nil || resp.StatusCode != http.StatusOK {
+			out <- fmt.Sprint("CONNECT: ", err, resp)
+			return
+		}
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: svc.test:%d\r\nConnection: close\r\n\r\n", w.httpAddr.Port())
+		body, _ := io.ReadAll(br)
+		out <- string(body)
+	}()
+	require.NoError(t, b.Answer(pendingRequest(t, b, "svc.test").ID, approval.Once, "alice", false))
+	assert.Contains(t, <-out, "200 OK", "the request inside the approved tunnel")
+	assert.Empty(t, b.Pending(), "asked again inside the tunnel")
+}

@@ -35,6 +35,9 @@ type connFacts struct {
 	current       policy.Current
 	connectTarget string
 	tunnelName    string
+	// tunnelApproval is the approval that opened the tunnel (ask mode),
+	// which covers the requests inside it: they are for its name.
+	tunnelApproval policy.Decision
 }
 
 type factsKey struct{}
@@ -52,6 +55,9 @@ func (p *Proxy) handoffHTTP(s *session, prefix []byte) {
 	p.httpOnce.Do(p.startHTTP)
 	pc := s.paced(newPrefixConn(s.client, prefix))
 	facts := connFacts{src: s.src, dst: s.dst, agent: s.agent, current: s.current, connectTarget: s.connectTarget, tunnelName: s.connectName}
+	if s.predial != nil && s.predial.target.decision.Approved {
+		facts.tunnelApproval = s.predial.target.decision
+	}
 	if !p.httpConns.push(&httpConn{prefixConn: pc, facts: facts}) {
 		reset(s.client)
 		return
@@ -169,6 +175,11 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	t, d := decide(pol, host, dst)
+	if f.tunnelApproval.Approved && d.Askable {
+		// Inside a tunnel approved for this very name (the Host was
+		// checked against it), and still the approver's to decide.
+		t, d = target{host: d.Name, port: dst.Port(), decision: f.tunnelApproval}, f.tunnelApproval
+	}
 	t, d = p.askFor(r.Context(), agent, current, t, d, dst.Port(), egresslog.KindHTTP)
 	if d.Allowed && t.host != "" && !d.Approved { // an approval allows a name no entry names, nor judges
 		// The request itself, by its method and path (and an MCP
