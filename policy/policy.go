@@ -155,6 +155,7 @@ type Policy struct {
 	allowPrivate bool
 	report       bool
 	ask          bool
+	judged       bool                  // some deny request entry or MCP endpoint: requests to judge whatever allows them
 	denyReason   string                // for DenyAll: why
 	names        map[string]*nameRules // a name, or a suffix for its subdomains
 	allow        ruleSet
@@ -287,6 +288,7 @@ func New(cfg Config) (*Policy, error) {
 	var errs []error
 	deny := append([]string(nil), cfg.Deny...)
 	mcp := slices.Clone(cfg.MCP)
+	var requests, denyRequests []string // request entries, compiled after the rest
 	for _, s := range cfg.Allow {
 		if rest, ok := strings.CutPrefix(strings.TrimSpace(s), "!"); ok {
 			deny = append(deny, rest)
@@ -302,14 +304,7 @@ func New(cfg Config) (*Policy, error) {
 			continue
 		}
 		if isRequestEntry(strings.TrimSpace(s)) {
-			c, err := compileRequestEntry(s, false)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			p.addRequest(c, false)
-			p.size++
-			p.allowedPorts = p.allowedPorts.add(c.host.rule.ports...)
+			requests = append(requests, s)
 			continue
 		}
 		e, err := compileEntry(s)
@@ -326,25 +321,9 @@ func New(cfg Config) (*Policy, error) {
 			}
 		}
 	}
-	for _, e := range mcp {
-		c, err := compileMCP(e)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		p.addRequest(c, false)
-		p.size++
-		p.allowedPorts = p.allowedPorts.add(c.host.rule.ports...)
-	}
 	for _, s := range deny {
 		if isRequestEntry(strings.TrimSpace(s)) {
-			c, err := compileRequestEntry(s, true)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			p.addRequest(c, true)
-			p.size++
+			denyRequests = append(denyRequests, s)
 			continue
 		}
 		e, err := compileDenyEntry(s)
@@ -362,6 +341,7 @@ func New(cfg Config) (*Policy, error) {
 			p.add(apex, true)
 		}
 	}
+	errs = append(errs, p.addRequests(requests, denyRequests, mcp)...)
 	for _, s := range append(slices.Clone(knownDoH), cfg.DoHEndpoints...) {
 		if a, err := netguard.ParseLiteral(s); err == nil {
 			p.dohAddrs[a.WithZone("").Unmap()] = true

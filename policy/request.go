@@ -317,7 +317,7 @@ func (m methodSet) has(method string, fold bool) bool {
 // addRequest indexes a request entry: its path pattern in the trie of its
 // name (or wildcard), and its host in the name's rules, so that the
 // stages before a request (DNS, TLS, the connection) allow the host, or
-// know that a deny entry needs its requests seen.
+// know that a deny entry needs its requests seen; and counts it.
 func (p *Policy) addRequest(c compiledRequest, deny bool) {
 	nr := p.names[c.host.name]
 	if nr == nil {
@@ -331,22 +331,52 @@ func (p *Policy) addRequest(c compiledRequest, deny bool) {
 	if *rr == nil {
 		*rr = &requestRules{}
 	}
+	p.size++
 	switch {
 	case deny:
 		(*rr).deny.insert(lowerSegments(c.segments), c.rule)
 		(*rr).judgedHosts = addHostRule((*rr).judgedHosts, c.host.rule)
+		p.judged = true
 		return
 	case c.rule.mcp != nil:
 		(*rr).mcp.insert(c.segments, c.rule)
 		(*rr).judgedHosts = addHostRule((*rr).judgedHosts, c.host.rule)
+		p.judged = true
 	default:
 		(*rr).allow.insert(c.segments, c.rule)
 	}
+	p.allowedPorts = p.allowedPorts.add(c.host.rule.ports...)
 	if c.host.kind == kindWildcard {
 		nr.allowWild = addHostRule(nr.allowWild, c.host.rule)
 	} else {
 		nr.allowExact = addHostRule(nr.allowExact, c.host.rule)
 	}
+}
+
+// addRequests compiles and indexes request entries (allow and deny) and
+// MCP endpoints, and returns the errors of those that do not compile.
+func (p *Policy) addRequests(allow, deny []string, mcp []MCPEndpoint) []error {
+	var errs []error
+	add := func(c compiledRequest, err error, deny bool) {
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		p.addRequest(c, deny)
+	}
+	for _, s := range allow {
+		c, err := compileRequestEntry(s, false)
+		add(c, err, false)
+	}
+	for _, e := range mcp {
+		c, err := compileMCP(e)
+		add(c, err, false)
+	}
+	for _, s := range deny {
+		c, err := compileRequestEntry(s, true)
+		add(c, err, true)
+	}
+	return errs
 }
 
 // addHostRule adds a request entry's host rule unless one for the same
@@ -471,8 +501,12 @@ func (p *Policy) findRequest(name string, q *requestQuery, segs []string) *reque
 
 // needsRequests reports whether a deny request entry or an MCP endpoint
 // concerns name on port: then its requests must be seen, whatever
-// allows it.
+// allows it. A policy without either (most) answers at once: every
+// decision asks.
 func (p *Policy) needsRequests(name string, port uint16) bool {
+	if !p.judged {
+		return false
+	}
 	m := matcher{port: port}
 	if nr := p.names[name]; nr != nil && nr.reqExact != nil {
 		if _, ok := m.match(nr.reqExact.judgedHosts); ok {
