@@ -8,9 +8,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -89,6 +93,10 @@ func TestAuditTampering(t *testing.T) {
 			})
 			return last, 0
 		}, "a line without its place in the chain"},
+		{"a segment cut short, its seal gone", func(t *testing.T, files []string) (string, int) {
+			editLines(t, files[1], func(ls []string) []string { return ls[:len(ls)-3] })
+			return files[2], 1
+		}, "lines removed"},
 		{"a segment replaced", func(t *testing.T, files []string) (string, int) {
 			_, forger, _ := ed25519.GenerateKey(rand.Reader)
 			replaceSegment(t, files[1], forger)
@@ -172,6 +180,91 @@ func replaceSegment(t *testing.T, path string, forger ed25519.PrivateKey) {
 	}
 	out = append(out, c.seal(c.sealed)...)
 	require.NoError(t, os.WriteFile(path, out, 0o600))
+}
+
+// TestAuditRotationByAge: a file whose first record is older than
+// MaxAge is finished at the next record, and the next segment names it.
+func TestAuditRotationByAge(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	sink, err := JSONFile{Path: path, MaxAge: time.Hour, Seal: key}.Open()
+	require.NoError(t, err)
+	old := &Record{Time: time.Now().Add(-2 * time.Hour), Agent: "a1", Kind: KindTLS, Host: "old.example", Allowed: true}
+	require.NoError(t, sink.WriteRecord(old))
+	require.NoError(t, sink.Close())
+
+	sink, err = JSONFile{Path: path, MaxAge: time.Hour, Seal: key}.Open() // a restart: the file's age is its first record's
+	require.NoError(t, err)
+	require.NoError(t, sink.WriteRecord(&Record{Time: time.Now(), Agent: "a1", Kind: KindTLS, Host: "new.example", Allowed: true}))
+	require.NoError(t, sink.WriteRecord(&Record{Time: time.Now(), Agent: "a1", Kind: KindTLS, Host: "newer.example", Allowed: true}))
+	require.NoError(t, sink.Close())
+	rotated, err := os.ReadFile(path + ".1")
+	require.NoError(t, err, "not rotated by age")
+	current, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Contains(t, string(rotated), "old.example")
+	assert.NotContains(t, string(rotated), "new.example")
+	assert.Contains(t, string(current), "new.example")
+	assert.Contains(t, string(current), "newer.example", "a young file is not rotated again")
+	v, err := Verify(pub, path+".1", path)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Empty(t, v.Unsealed)
+}
+
+// TestAuditKill9: a gateway killed while it writes its audited file
+// leaves at most an unsealed tail, which Verify reports as such and never
+// as tampering.
+func TestAuditKill9(t *testing.T) {
+	if path := os.Getenv("EGRESSLOG_AUDIT_WRITER"); path != "" {
+		writeUntilKilled(t, path)
+		return
+	}
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "egress.jsonl")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "seed"), key.Seed(), 0o600))
+	for round := range 3 { // killed three times, each run continuing the file
+		cmd := exec.Command(os.Args[0], "-test.run=^TestAuditKill9$")
+		cmd.Env = append(os.Environ(), "EGRESSLOG_AUDIT_WRITER="+path)
+		require.NoError(t, cmd.Start())
+		require.Eventually(t, func() bool {
+			fi, err := os.Stat(path)
+			return err == nil && fi.Size() > int64(64<<10*(round+1))
+		}, 20*time.Second, 5*time.Millisecond, "the writer wrote nothing")
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		cmd.Wait()
+	}
+	files, _ := filepath.Glob(path + ".*")
+	sort.Slice(files, func(i, j int) bool {
+		return len(files[i]) > len(files[j]) || (len(files[i]) == len(files[j]) && files[i] > files[j])
+	})
+	v, err := Verify(pub, append(files, path)...)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems, "a kill -9 reported as tampering")
+	assert.Greater(t, v.Lines, 1000)
+	assert.Equal(t, v.Lines, v.Sealed+len(v.Unsealed), "every line is sealed or in the tail")
+	for _, p := range v.Unsealed {
+		assert.Equal(t, path, p.File, "an unsealed line before the last run's: a killed run's tail is sealed by the next")
+	}
+}
+
+// writeUntilKilled is the killed gateway: it writes audited records to
+// path, rotated small, as fast as it can, for at most 30 s.
+func writeUntilKilled(t *testing.T, path string) {
+	seed, err := os.ReadFile(filepath.Join(filepath.Dir(path), "seed"))
+	require.NoError(t, err)
+	sink, err := JSONFile{Path: path, MaxBytes: 256 << 10, Keep: 100, Seal: ed25519.NewKeyFromSeed(seed)}.Open()
+	require.NoError(t, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		require.NoError(t, sink.WriteRecord(&Record{Time: time.Now(), Agent: "a1", Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Allowed: true}))
+		if i%50 == 0 {
+			require.NoError(t, sink.Flush())
+		}
+	}
 }
 
 // BenchmarkRecordToFile writes a record to a file, chained (and sealed

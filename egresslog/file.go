@@ -1,9 +1,12 @@
 package egresslog
 
 import (
+	"bufio"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"strconv"
@@ -21,7 +24,8 @@ const (
 const fileBuf = 64 << 10
 
 // JSONFile is a file of JSON lines (the form of Record.AppendJSON),
-// rotated by size so that a flood of records cannot fill the disk. When a
+// rotated by size so that a flood of records cannot fill the disk (and by
+// age, with MaxAge, at the first record past it). When a
 // line would take the file past MaxBytes, Path is renamed Path.1, Path.1
 // Path.2, and so on, Path.Keep being replaced (the oldest is removed), and
 // a new Path is created with mode 0600. Lines are written whole, each in
@@ -41,6 +45,10 @@ type JSONFile struct {
 	// Keep is the number of rotated files kept, Path.1 (the newest) to
 	// Path.Keep; zero means DefaultKeepFiles.
 	Keep int
+	// MaxAge, if set, also rotates the file once its first record is
+	// older than this, so that a quiet file is finished (and, audited,
+	// sealed and named by the next) within a known time.
+	MaxAge time.Duration
 	// Seal, if set, makes the file an audit trail: its lines are chained
 	// and sealed with this key (see Verify), and a file appended to
 	// continues the chain it holds.
@@ -50,7 +58,7 @@ type JSONFile struct {
 // Open opens the file, creating it with mode 0600 or appending to it, and
 // returns a sink that owns it: the sink's Close closes it.
 func (c JSONFile) Open() (*JSONSink, error) {
-	sf := &segmentFile{path: c.Path, maxBytes: c.MaxBytes, keep: c.Keep}
+	sf := &segmentFile{path: c.Path, maxBytes: c.MaxBytes, keep: c.Keep, maxAge: c.MaxAge}
 	if c.Seal != nil {
 		sf.chain = &chain{key: c.Seal}
 		if err := sf.chain.resume(c.Path); err != nil {
@@ -87,6 +95,8 @@ type segmentFile struct {
 	path     string
 	maxBytes int64
 	keep     int
+	maxAge   time.Duration // 0: no rotation by age
+	started  time.Time     // the time of f's first record
 
 	f       *os.File // the current segment; nil after a failed rotation, until reopened
 	written int64    // bytes in f
@@ -106,7 +116,10 @@ func (s *segmentFile) open() error {
 		f.Close()
 		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
 	}
-	s.f, s.written = f, fi.Size()
+	s.f, s.written, s.started = f, fi.Size(), time.Now()
+	if s.written > 0 && s.maxAge > 0 {
+		s.started = firstRecordTime(s.path, s.started)
+	}
 	if s.chain != nil && s.written == 0 {
 		s.buf = append(s.buf, s.chain.segment()...) // a new file names the last line of the one before
 	}
@@ -146,7 +159,31 @@ func (s *segmentFile) writeLine(line []byte) error {
 // n bytes: it holds lines, and the line would take it past maxBytes.
 func (s *segmentFile) full(n int) bool {
 	size := s.written + int64(len(s.buf))
-	return size > 0 && size+int64(n) > s.maxBytes
+	return size > 0 && (size+int64(n) > s.maxBytes || (s.maxAge > 0 && time.Since(s.started) >= s.maxAge))
+}
+
+// firstRecordTime is the time of the first record in the file at path
+// (its first lines, within 64 KiB), or otherwise.
+func firstRecordTime(path string, otherwise time.Time) time.Time {
+	f, err := os.Open(path)
+	if err != nil {
+		return otherwise
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(io.LimitReader(f, 64<<10))
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for sc.Scan() {
+		var line struct {
+			Time string `json:"time"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) != nil || line.Time == "" {
+			continue // a segment line, or one cut by a crash
+		}
+		if t, err := time.Parse(time.RFC3339Nano, line.Time); err == nil {
+			return t
+		}
+	}
+	return otherwise
 }
 
 // flush writes the buffered lines. If the file takes only some of their

@@ -41,17 +41,21 @@ type Record struct {
 	// target, "host:port" as sent), when the decision may have been made
 	// on another name: a TLS server name or Host inside a tunnel to an
 	// address.
-	Target    string
-	Method    string        // HTTP method, or DNS query type ("A", "TXT")
-	Path      string        // HTTP path, without the query string
-	Status    int           // HTTP status, or DNS rcode
-	Answers   int           // DNS answers returned to the agent
-	Allowed   bool          // false: denied
-	Report    bool          // allowed only because the policy is in report mode
-	Reason    string        // why it was allowed or denied, or how it ended
-	Rule      string        // the policy entry or injection rule that matched
-	Secret    string        // the name of the secret injected, if any
-	Tool      string        // the MCP tools a request called (comma-separated)
+	Target  string
+	Method  string // HTTP method, or DNS query type ("A", "TXT")
+	Path    string // HTTP path, without the query string
+	Status  int    // HTTP status, or DNS rcode
+	Answers int    // DNS answers returned to the agent
+	Allowed bool   // false: denied
+	Report  bool   // allowed only because the policy is in report mode
+	Reason  string // why it was allowed or denied, or how it ended
+	Rule    string // the policy entry or injection rule that matched
+	Secret  string // the name of the secret injected, if any
+	Tool    string // the MCP tools a request called (comma-separated)
+	// Trace is the W3C traceparent the agent's HTTP request carried, so
+	// that the request can be found in the agent's own trace. The Log
+	// keeps it only if it is well formed (version 00, lowercase hex).
+	Trace     string
 	BytesUp   int64         // bytes from the agent towards the destination
 	BytesDown int64         // bytes from the destination back to the agent
 	Duration  time.Duration // how long it lasted
@@ -91,6 +95,7 @@ const (
 	FieldRule      = "rule"
 	FieldSecret    = "secret"
 	FieldTool      = "tool"
+	FieldTrace     = "traceparent"
 	FieldBytesUp   = "bytes_up"
 	FieldBytesDown = "bytes_down"
 	FieldDuration  = "duration_ms" // float milliseconds
@@ -128,6 +133,9 @@ func (r *Record) sanitize() {
 	r.Rule = truncate(escapeControls(r.Rule), MaxRuleLen)
 	r.Secret = truncate(escapeControls(r.Secret), MaxSecretLen)
 	r.Tool = truncate(escapeControls(r.Tool), MaxToolLen)
+	if !validTraceParent(r.Trace) {
+		r.Trace = ""
+	}
 	r.Kind = Kind(truncate(escapeControls(string(r.Kind)), 16))
 }
 
@@ -194,6 +202,7 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	b = appendString(b, FieldRule, r.Rule, false)
 	b = appendString(b, FieldSecret, r.Secret, false)
 	b = appendString(b, FieldTool, r.Tool, false)
+	b = appendString(b, FieldTrace, r.Trace, false)
 	b = appendInt(b, FieldBytesUp, r.BytesUp)
 	b = appendInt(b, FieldBytesDown, r.BytesDown)
 	if r.Duration != 0 {
@@ -307,6 +316,7 @@ type jsonRecord struct {
 	Rule      string   `json:"rule"`
 	Secret    string   `json:"secret"`
 	Tool      string   `json:"tool"`
+	Trace     string   `json:"traceparent"`
 	BytesUp   int64    `json:"bytes_up"`
 	BytesDown int64    `json:"bytes_down"`
 	Duration  *float64 `json:"duration_ms"`
@@ -332,7 +342,7 @@ func ParseJSON(line []byte) (Record, error) {
 	r := Record{
 		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port, Target: j.Target,
 		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
-		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret, Tool: j.Tool,
+		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret, Tool: j.Tool, Trace: j.Trace,
 		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Open: j.Open, ConnID: j.ConnID,
 		Count: j.Count,
 	}
@@ -349,4 +359,25 @@ func ParseJSON(line []byte) (Record, error) {
 		r.Duration = time.Duration(math.Round(ns))
 	}
 	return r, nil
+}
+
+// validTraceParent reports whether s is a W3C traceparent of version 00:
+// "00-" 32 hex digits of trace ID "-" 16 of parent ID "-" 2 of flags,
+// lowercase, neither ID all zeros.
+func validTraceParent(s string) bool {
+	if len(s) != 55 || s[:3] != "00-" || s[35] != '-' || s[52] != '-' {
+		return false
+	}
+	traceID, parentID, flags := s[3:35], s[36:52], s[53:]
+	return lowerHex(traceID) && lowerHex(parentID) && lowerHex(flags) &&
+		strings.Trim(traceID, "0") != "" && strings.Trim(parentID, "0") != ""
+}
+
+func lowerHex(s string) bool {
+	for i := range len(s) {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

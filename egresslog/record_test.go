@@ -49,6 +49,11 @@ var goldenRecords = map[string]Record{
 		Host: "mcp.example.com", Port: 443, Method: "POST", Path: "/mcp", Status: 403,
 		Reason: "the MCP tool is not allowed", Rule: "mcp https://mcp.example.com/mcp", Tool: "search,exec",
 	},
+	"http_traced": {
+		Seq: 8, Time: time.Date(2026, 11, 29, 8, 0, 7, 0, time.UTC), Agent: "agent-1", Kind: KindHTTP,
+		Host: "api.github.com", Port: 443, Method: "GET", Path: "/user", Status: 200, Allowed: true,
+		Reason: "allowed by rule", Rule: "api.github.com", Trace: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+	},
 	"refusals_summary": {
 		Seq: 6, Time: time.Date(2026, 11, 29, 8, 0, 5, 0, time.UTC), Agent: "agent-1", Kind: KindDNS,
 		Host: "q0.flood.example", Reason: "quota exceeded: dns queries", Count: 49990,
@@ -108,6 +113,38 @@ func TestSanitize(t *testing.T) {
 	assert.Equal(t, MaxAgentLen, len(r.Agent), "agent bytes")
 	assert.LessOrEqual(t, len(r.Reason), MaxReasonLen, "reason cut badly: too many bytes")
 	assert.True(t, utf8.ValidString(r.Reason), "reason cut badly: invalid UTF-8")
+}
+
+// TestTraceParentKeptOnlyWellFormed: the traceparent a request carried
+// is the agent's own text; the Log keeps a well-formed one and drops
+// anything else, which could otherwise carry up to a header's worth of
+// the agent's bytes into every sink.
+func TestTraceParentKeptOnlyWellFormed(t *testing.T) {
+	const good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, tc := range []struct {
+		value string
+		kept  bool
+	}{
+		{good, true},
+		{"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", true}, // not sampled: still the agent's trace
+		{"", false},
+		{strings.ToUpper(good), false},
+		{"01" + good[2:], false}, // a version this gateway does not know
+		{good + "-extra", false}, // version 00 has exactly four fields
+		{"00-00000000000000000000000000000000-00f067aa0ba902b7-01", false}, // all-zero trace ID
+		{"00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", false}, // all-zero parent ID
+		{"00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", false},
+		{"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", false},
+		{"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\n", false},
+	} {
+		r := Record{Trace: tc.value}
+		r.sanitize()
+		if tc.kept {
+			assert.Equal(t, tc.value, r.Trace, "%q", tc.value)
+		} else {
+			assert.Empty(t, r.Trace, "%q kept", tc.value)
+		}
+	}
 }
 
 // TestSanitizeEscapesControls keeps a hostile name, path or reason from

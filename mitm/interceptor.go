@@ -385,7 +385,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
 	host := httpfwd.HostOnly(r.Host)
 	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path,
-		ConnID: egresslog.ConnIDFrom(r.Context())}
+		Trace: r.Header.Get("Traceparent"), ConnID: egresslog.ConnIDFrom(r.Context())}
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	defer func() {
 		rec.Status, rec.BytesDown, rec.Duration = cw.Status, cw.Bytes, time.Since(start)

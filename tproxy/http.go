@@ -116,7 +116,8 @@ func (p *Proxy) newHTTPServer(h http.Handler, connContext func(context.Context, 
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
-	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget}
+	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget,
+		Trace: r.Header.Get("Traceparent")}
 	refuse := func(a answer) {
 		rec.Allowed, rec.Reason, rec.Status, rec.Duration = false, a.why, a.status, time.Since(start)
 		if !a.unrecorded {

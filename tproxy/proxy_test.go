@@ -100,7 +100,7 @@ func TestHTTPEveryRequestJudged(t *testing.T) {
 	require.Equal(t, 200, resp.StatusCode, "third request")
 	// An absolute-form target names the host, whatever the Host header
 	// says (RFC 9112, section 3.2.2): it is what is judged.
-	fmt.Fprintf(c, "GET http://blocked.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	fmt.Fprintf(c, "GET http://blocked.test/ HTTP/1.1\r\nHost: api.test\r\nTraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n\r\n")
 	abs, err := http.ReadResponse(br, nil)
 	require.NoError(t, err)
 	io.Copy(io.Discard, abs.Body)
@@ -111,6 +111,8 @@ func TestHTTPEveryRequestJudged(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, r.Status, "record %+v", r)
 	assert.Equal(t, "/path", r.Path, "record %+v", r)
 	assert.Equal(t, "GET", r.Method, "record %+v", r)
+	abs1 := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" && r.Path == "/" })
+	assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", abs1.Trace, "the request's traceparent is recorded, for its span")
 }
 
 func TestServerFirstByName(t *testing.T) {

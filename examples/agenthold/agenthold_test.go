@@ -94,6 +94,9 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"network:\n  pool4: 10.0.0.0/25\n", "network.pool4"},
 		{"network:\n  pool6: 10.0.0.0/16\n", "network.pool6"},
 		{"egress:\n  token_refresh: [{host: a.example}]\n", "egress.token_refresh[0]"},
+		{"egress:\n  otlp:\n    protocol: http/json\n", "egress.otlp"},
+		{"egress:\n  otlp:\n    interval: -1s\n", "egress.otlp"},
+		{"egress:\n  otlp:\n    log: true\n", "log"},
 	}
 	for _, tt := range tests {
 		path := filepath.Join(t.TempDir(), "c.yaml")

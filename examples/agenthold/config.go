@@ -20,6 +20,7 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/egresslog/otlp"
 	"github.com/agenthold/egress/examples/netns"
 	"github.com/agenthold/egress/policy/approval"
 )
@@ -53,12 +54,15 @@ type EgressConfig struct {
 	LogFile       string `yaml:"log_file"`
 	LogFileMaxMB  int    `yaml:"log_file_max_mb"`
 	LogFileKeep   int    `yaml:"log_file_keep"`
+	// LogFileMaxAge also rotates log_file once its first record is this
+	// old; 0: by size only.
+	LogFileMaxAge time.Duration `yaml:"log_file_max_age"`
 	// LogFileAudit chains and seals log_file with the gateway's audit key
 	// (<data_dir>/audit.key): agenthold audit verify checks it.
 	LogFileAudit bool `yaml:"log_file_audit"`
-	// OTLPLogs sends every record as an OTLP log record to the collector
-	// the OTEL_EXPORTER_OTLP_* variables name (egresslog/otlp).
-	OTLPLogs       bool            `yaml:"otlp_logs"`
+	// OTLP sends records, spans and counters to an OpenTelemetry
+	// collector (egresslog/otlp).
+	OTLP           OTLPConfig      `yaml:"otlp"`
 	TunnelPort     uint16          `yaml:"tunnel_port"`
 	RemoteListen   string          `yaml:"remote_listen"`
 	RemoteTLS      bool            `yaml:"remote_tls"`
@@ -77,6 +81,19 @@ type ApprovalsConfig struct {
 	SessionLength      time.Duration `yaml:"session_length"` // a session answer's end; 0: until the agent is deleted
 	WebhookURL         string        `yaml:"webhook_url"`
 	WebhookSecretFile  string        `yaml:"webhook_secret_file"` // the HMAC key, required with webhook_url
+}
+
+// OTLPConfig says which signals go to an OpenTelemetry collector, and
+// where; an empty protocol, endpoint or headers leaves the choice to the
+// standard OTEL_EXPORTER_OTLP_* variables.
+type OTLPConfig struct {
+	Logs     bool              `yaml:"logs"`     // every record as an OTLP log record
+	Traces   bool              `yaml:"traces"`   // a span per HTTP request judged, in the agent's own trace
+	Metrics  bool              `yaml:"metrics"`  // the counters /metrics serves
+	Protocol string            `yaml:"protocol"` // grpc or http/protobuf
+	Endpoint string            `yaml:"endpoint"` // the collector's base URL: http://collector:4318 (HTTP), http://collector:4317 (gRPC)
+	Headers  map[string]string `yaml:"headers"`  // sent with every export
+	Interval time.Duration     `yaml:"interval"` // how often metrics are exported; 0: OTEL_METRIC_EXPORT_INTERVAL, then 60 s
 }
 
 // RefreshConfig names an OAuth token endpoint the gateway answers itself.
@@ -242,8 +259,8 @@ func (c *Config) validate() error {
 	if t := c.Egress.DNSTunnelling; t != "record" && t != "refuse" {
 		return fmt.Errorf("config: egress.dns_tunnelling must be record or refuse, not %q", t)
 	}
-	if c.Egress.LogFileMaxMB <= 0 || c.Egress.LogFileKeep <= 0 {
-		return fmt.Errorf("config: egress.log_file_max_mb and egress.log_file_keep must be positive, not %d and %d", c.Egress.LogFileMaxMB, c.Egress.LogFileKeep)
+	if c.Egress.LogFileMaxMB <= 0 || c.Egress.LogFileKeep <= 0 || c.Egress.LogFileMaxAge < 0 {
+		return fmt.Errorf("config: egress.log_file_max_mb and egress.log_file_keep must be positive, not %d and %d, and egress.log_file_max_age not negative", c.Egress.LogFileMaxMB, c.Egress.LogFileKeep)
 	}
 	if c.Egress.LogKeep <= 0 {
 		return fmt.Errorf("config: egress.log_keep must be positive, not %d", c.Egress.LogKeep)
@@ -253,6 +270,9 @@ func (c *Config) validate() error {
 		if ip, perr := netip.ParseAddr(host); err != nil || perr != nil || !ip.IsLoopback() {
 			return fmt.Errorf("config: ui_listen must be a loopback address and port (127.0.0.1:8088), not %q: the console is never served on a network", c.UIListen)
 		}
+	}
+	if o := c.Egress.OTLP; o.Interval < 0 || (o.Protocol != "" && o.Protocol != otlp.ProtocolGRPC && o.Protocol != otlp.ProtocolHTTP) {
+		return fmt.Errorf("config: egress.otlp: protocol must be %s or %s, not %q, and interval must not be negative", otlp.ProtocolGRPC, otlp.ProtocolHTTP, o.Protocol)
 	}
 	if a := c.Egress.Approvals; a.Timeout < 0 || a.MaxPendingPerAgent < 0 || a.SessionLength < 0 || (a.WebhookURL != "") != (a.WebhookSecretFile != "") {
 		return fmt.Errorf("config: egress.approvals: timeout, max_pending_per_agent and session_length must not be negative, and webhook_url and webhook_secret_file go together")

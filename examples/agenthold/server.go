@@ -24,7 +24,6 @@ import (
 
 	"github.com/agenthold/egress/dnsfilter"
 	"github.com/agenthold/egress/egresslog"
-	"github.com/agenthold/egress/egresslog/otlp"
 	"github.com/agenthold/egress/examples/lifecycle"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/netguard"
@@ -101,7 +100,7 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	}
 	s.elog = &egresslog.Log{Keep: cfg.Egress.LogKeep, KeepDenied: cfg.Egress.LogKeep, CountedReasons: countedReasons()}
 	if cfg.Egress.LogFile != "" {
-		file := egresslog.JSONFile{Path: cfg.Egress.LogFile, MaxBytes: int64(cfg.Egress.LogFileMaxMB) << 20, Keep: cfg.Egress.LogFileKeep}
+		file := egresslog.JSONFile{Path: cfg.Egress.LogFile, MaxBytes: int64(cfg.Egress.LogFileMaxMB) << 20, Keep: cfg.Egress.LogFileKeep, MaxAge: cfg.Egress.LogFileMaxAge}
 		if cfg.Egress.LogFileAudit {
 			if file.Seal, err = loadAuditKey(s.auditKeyPath()); err != nil {
 				return s, fmt.Errorf("egress.log_file_audit: %w", err)
@@ -113,12 +112,8 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 		}
 		s.elog.Sinks = append(s.elog.Sinks, sink)
 	}
-	if cfg.Egress.OTLPLogs {
-		sink, err := otlp.New(ctx)
-		if err != nil {
-			return s, fmt.Errorf("egress.otlp_logs: %w", err)
-		}
-		s.elog.Sinks = append(s.elog.Sinks, sink)
+	if err := s.addOTLPSinks(ctx); err != nil {
+		return s, err
 	}
 	s.servers.OnStop("egress log", s.elog.Shutdown) // closes the file too
 	s.agents = newAgents(cfg.DataDir)
@@ -154,6 +149,9 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 		return s, err
 	}
 	if err := s.startConsole(); err != nil {
+		return s, err
+	}
+	if err := s.startOTLPMetrics(ctx); err != nil {
 		return s, err
 	}
 	return s, nil

@@ -120,7 +120,10 @@ func cmdServe(args []string) error {
 	logPath := fs.String("log", "", "also write records as JSON lines to this file, rotated by size")
 	logMaxMB := fs.Int("log-max-mb", egresslog.DefaultMaxFileBytes>>20, "rotate --log at this many MiB")
 	logFiles := fs.Int("log-files", egresslog.DefaultKeepFiles, "rotated --log files kept (FILE.1 to FILE.N)")
-	otlpLogs := fs.Bool("otlp-logs", false, "also send every record as an OTLP log record to the collector that OTEL_EXPORTER_OTLP_ENDPOINT names")
+	logMaxAge := fs.Duration("log-max-age", 0, "also rotate --log once its first record is this old (0: by size only)")
+	otlpSignals := fs.String("otlp", "", "send these signals to an OpenTelemetry collector: logs (every record), traces (a span per HTTP request judged), metrics (the counters), comma-separated")
+	otlpProtocol := fs.String("otlp-protocol", "", "grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, then http/protobuf)")
+	otlpEndpoint := fs.String("otlp-endpoint", "", "the collector's base URL, http://collector:4318 (default: OTEL_EXPORTER_OTLP_ENDPOINT); headers from OTEL_EXPORTER_OTLP_HEADERS")
 	logSeal := fs.String("log-seal", "", "an Ed25519 seed file (32 bytes) that chains and seals --log as an audit trail (egresslog.Verify)")
 	rootsPath := fs.String("upstream-roots", "", "a PEM file of roots trusted for upstream servers besides the system's")
 	tunnelling := fs.String("dns-tunnelling", "record", "lookups that look like DNS tunnelling: record, or refuse")
@@ -154,7 +157,11 @@ func cmdServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	logFile := egresslog.JSONFile{Path: *logPath, MaxBytes: int64(*logMaxMB) << 20, Keep: *logFiles}
+	telemetry, err := parseTelemetry(*otlpSignals, otlp.Settings{Protocol: *otlpProtocol, Endpoint: *otlpEndpoint, ServiceName: "egress-sidecar"})
+	if err != nil {
+		return err
+	}
+	logFile := egresslog.JSONFile{Path: *logPath, MaxBytes: int64(*logMaxMB) << 20, Keep: *logFiles, MaxAge: *logMaxAge}
 	if *logSeal != "" {
 		seed, err := os.ReadFile(*logSeal)
 		if err != nil || len(seed) != ed25519.SeedSize {
@@ -162,7 +169,7 @@ func cmdServe(args []string) error {
 		}
 		logFile.Seal = ed25519.NewKeyFromSeed(seed)
 	}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, *otlpLogs, public, roots, tunnel, approvals, logger)
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, telemetry, public, roots, tunnel, approvals, logger)
 	if err != nil {
 		return err
 	}
@@ -206,7 +213,7 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, otlpLogs bool, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, logger *slog.Logger) (sc *sidecar, err error) {
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, telemetry telemetry, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, logger *slog.Logger) (sc *sidecar, err error) {
 	sc = &sidecar{accepted: map[uint16]*atomic.Int64{}, servers: lifecycle.New(ctx)}
 	defer func() {
 		if err != nil {
@@ -247,12 +254,8 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 		}
 		sc.log.Sinks = []egresslog.Sink{sink, egresslog.SlogSink{Logger: logger}}
 	}
-	if otlpLogs {
-		sink, err := otlp.New(ctx)
-		if err != nil {
-			return sc, fmt.Errorf("--otlp-logs: %w", err)
-		}
-		sc.log.Sinks = append(sc.log.Sinks, sink)
+	if err := telemetry.start(ctx, sc.log, sc.servers, logger); err != nil {
+		return sc, err
 	}
 	sc.servers.OnStop("egress log", sc.log.Shutdown) // closes the file too
 	// Everything in the Pod is the sandbox; its policy is the file's.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -29,6 +31,7 @@ import (
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/examples/lifecycle"
 	"github.com/agenthold/egress/examples/netns"
+	"github.com/agenthold/egress/internal/otlptest"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/mitm"
 	"github.com/agenthold/egress/policy"
@@ -174,6 +177,9 @@ type pod struct {
 	// webhookSecret is the file of the approval webhook's key, sealKey
 	// the seed of the key that seals the records.
 	webhookSecret, sealKey string
+	// collector is the OpenTelemetry collector the sidecar sends its
+	// records, spans and counters to, over gRPC.
+	collector *otlptest.Receiver
 }
 
 // webhookKey is the approval webhook's HMAC key: the control plane's and
@@ -247,6 +253,33 @@ func TestPodInNamespaces(t *testing.T) {
 	require.NoError(t, err, "to another host: %q", out)
 	require.Contains(t, out, "credential-seen=false", "another host got the credential")
 	require.Contains(t, out, testPlaceholder, "to another host")
+
+	step("telemetry: the request's record and span reach the collector, the span in the sandbox's own trace; the counters too")
+	const trace, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	out, err = p.sandbox("curl", "-sS", "--max-time", "5", "--cacert", p.bundle, "-H", "traceparent: 00-"+trace+"-"+parent+"-01", "-H", "X-Api-Key: "+testPlaceholder, "https://api.test/traced")
+	require.NoError(t, err, "a traced request: %q", out)
+	require.Eventually(t, func() bool {
+		p.collector.Mu.Lock()
+		defer p.collector.Mu.Unlock()
+		var span, record bool
+		for _, s := range p.collector.Spans {
+			a := otlptest.Attrs(s.Attributes)
+			span = span || (a["url.path"] == "/traced" && a["egress.secret"] != nil && hex.EncodeToString(s.TraceId) == trace && hex.EncodeToString(s.ParentSpanId) == parent)
+		}
+		for _, r := range p.collector.Logs {
+			a := otlptest.Attrs(r.Attributes)
+			record = record || (a["url.path"] == "/traced" && a["server.address"] == "api.test" && a["egress.allowed"] == true)
+		}
+		return span && record && p.collector.Metrics["egress.records"] != nil && slices.Contains(p.collector.Services, "egress-sidecar")
+	}, 10*time.Second, 50*time.Millisecond, "the collector did not get the record, the span in the sandbox's trace, and the counters")
+	p.collector.Mu.Lock()
+	for _, r := range p.collector.Logs {
+		assert.NotContains(t, fmt.Sprint(otlptest.Attrs(r.Attributes)), testCredential, "a credential reached the collector")
+	}
+	for _, s := range p.collector.Spans {
+		assert.NotContains(t, fmt.Sprint(otlptest.Attrs(s.Attributes)), testCredential, "a credential reached the collector")
+	}
+	p.collector.Mu.Unlock()
 
 	step("request entries in the policy file: each request judged by its method and path")
 	p.writePolicy("enforce: true\nallowOut: ['GET,HEAD api.test/public/**', other.test]\ndeny: ['DELETE other.test/**']\n")
@@ -489,6 +522,12 @@ func (p *pod) startInternet() {
 		hs2 := &http.Server{Handler: hook}
 		go hs2.Serve(hookLn)
 		t.Cleanup(func() { hs2.Close() })
+		otlpLn, err := net.Listen("tcp", upstream+":4317")
+		if err != nil {
+			return err
+		}
+		p.collector = otlptest.New()
+		p.collector.ServeGRPCOn(t, otlpLn)
 		banner, err := net.Listen("tcp", upstream+":2222")
 		if err != nil {
 			return err
@@ -518,8 +557,8 @@ func (p *pod) startSidecar() {
 	cmd := exec.Command("nsenter", "--net="+p.ns.Path(), "-S", fmt.Sprint(sidecarUID), "-G", fmt.Sprint(sidecarUID), p.self, "serve",
 		"--policy", p.policy, "--credentials", p.creds, "--dns-upstream", "198.18.0.1:53", "--public", "198.18.0.0/15", "--log", p.records, "--upstream-roots", p.baseRoots,
 		"--approval-webhook", "http://"+upstream+":8080/approve", "--approval-secret", p.webhookSecret, "--approval-timeout", "2s",
-		"--log-seal", p.sealKey)
-	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1")
+		"--log-seal", p.sealKey, "--otlp", "logs,traces,metrics", "--otlp-protocol", "grpc", "--otlp-endpoint", "http://"+upstream+":4317")
+	cmd.Env = append(os.Environ(), "SIDECAR_TEST_AS_CLI=1", "OTEL_METRIC_EXPORT_INTERVAL=200", "OTEL_BLRP_SCHEDULE_DELAY=100", "OTEL_BSP_SCHEDULE_DELAY=100")
 	cmd.Stderr = os.Stderr
 	stdout, _ := cmd.StdoutPipe()
 	require.NoError(t, cmd.Start())
