@@ -1,6 +1,7 @@
 package mitm
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"testing"
@@ -24,10 +25,11 @@ func (t tracedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // BenchmarkTelemetryBlackHole sends b.N intercepted requests, one after
 // another on a kept-alive connection, through a gateway whose records go
-// to OTLP logs and spans at a collector that accepts connections and
-// never answers, and through one without telemetry, interleaved, and
-// reports both rates and their ratio: a collector that is down costs the
-// data path nothing it can see.
+// to a JSON sink and to OTLP logs and spans at a collector that accepts
+// connections and never answers, and through one whose records go to the
+// JSON sink only, interleaved, and reports both rates and their ratio:
+// what an exporter whose collector is down adds to the data path. (Any
+// sink at all costs the Log's hand-off to its sink goroutine, in both.)
 func BenchmarkTelemetryBlackHole(b *testing.B) {
 	plain, exported := newRig(b), newRig(b)
 	s := otlp.Settings{Endpoint: otlpBlackHole(b), Timeout: time.Second}
@@ -35,7 +37,9 @@ func BenchmarkTelemetryBlackHole(b *testing.B) {
 	require.NoError(b, err)
 	spans, err := otlp.NewTraces(b.Context(), s)
 	require.NoError(b, err)
-	exported.log.Sinks = []egresslog.Sink{logs, spans} // before its first record
+	plain.log.Sinks = []egresslog.Sink{egresslog.NewJSONSink(io.Discard)} // before their first record
+	exported.log.Sinks = []egresslog.Sink{egresslog.NewJSONSink(io.Discard), logs, spans}
+	b.Cleanup(func() { plain.log.Close() })
 	b.Cleanup(func() { exported.log.Close() })
 	without, with := plain.clientFor(plain.viaTProxy(b, true), true), exported.clientFor(exported.viaTProxy(b, true), true)
 	for _, c := range []*http.Client{without, with} {
