@@ -74,6 +74,12 @@ type Config struct {
 	// cloud metadata addresses, Never prefixes or the gateway's own
 	// addresses.
 	Public []netip.Prefix
+	// Private lists prefixes that count as private: dialled only for
+	// agents allowed private networks (a cluster's service range, a
+	// corporate network in public address space). Like Public, it does
+	// not lift cloud metadata addresses, Never prefixes or the gateway's
+	// own addresses.
+	Private []netip.Prefix
 	// Never lists prefixes that are never dialled, whatever else applies.
 	Never []netip.Prefix
 }
@@ -97,6 +103,12 @@ func New(cfg Config) (*Guard, error) {
 			return nil, fmt.Errorf("netguard: invalid public prefix %q", p)
 		}
 		entries = append(entries, prefixmap.Entry[class]{Prefix: p, Value: class{Class{Public, "declared public by the operator, " + p.String()}, false}})
+	}
+	for _, p := range cfg.Private {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("netguard: invalid private prefix %q", p)
+		}
+		entries = append(entries, prefixmap.Entry[class]{Prefix: p, Value: class{Class{Private, "declared private by the operator, " + p.String()}, false}})
 	}
 	for _, p := range cfg.Never {
 		if !p.IsValid() {

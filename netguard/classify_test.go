@@ -122,6 +122,13 @@ func TestClassifyOperatorPrefixes(t *testing.T) {
 			netip.MustParsePrefix("168.63.129.16/32"),     // equal to a metadata address
 			netip.MustParsePrefix("::ffff:192.0.2.0/120"), // mapped form of TEST-NET-1
 		},
+		Private: []netip.Prefix{
+			netip.MustParsePrefix("100.100.0.0/16"),     // a cluster's service range in public-looking space
+			netip.MustParsePrefix("169.254.169.0/24"),   // does not lift metadata either
+			netip.MustParsePrefix("93.184.216.128/25"),  // inside a never prefix below
+			netip.MustParsePrefix("2001:db8:aaaa::/48"), // an IPv6 service range
+			netip.MustParsePrefix("9.9.9.0/24"),         // public by the registry: made private
+		},
 		Never: []netip.Prefix{
 			netip.MustParsePrefix("203.0.113.0/24"),
 			netip.MustParsePrefix("93.184.216.0/24"),
@@ -149,6 +156,12 @@ func TestClassifyOperatorPrefixes(t *testing.T) {
 		{"64:ff9b:1::7f00:1", Never},
 		{"64:ff9b::c612:1", Public}, // NAT64 embedding 198.18.0.1
 		{"192.0.2.1", Public},
+		{"100.100.3.4", Private},
+		{"9.9.9.9", Private},
+		{"9.9.10.1", Public},
+		{"169.254.169.254", Never},
+		{"93.184.216.200", Never},
+		{"2001:db8:aaaa::1", Private},
 	}
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
@@ -158,6 +171,8 @@ func TestClassifyOperatorPrefixes(t *testing.T) {
 	}
 	_, err = New(Config{Public: []netip.Prefix{{}}})
 	assert.Error(t, err, "New accepted an invalid prefix")
+	_, err = New(Config{Private: []netip.Prefix{{}}})
+	assert.Error(t, err, "New accepted an invalid private prefix")
 }
 
 func TestClassifyOwnAddresses(t *testing.T) {

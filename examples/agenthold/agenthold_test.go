@@ -97,6 +97,10 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"egress:\n  otlp:\n    protocol: http/json\n", "egress.otlp"},
 		{"egress:\n  otlp:\n    interval: -1s\n", "egress.otlp"},
 		{"egress:\n  otlp:\n    log: true\n", "log"},
+		{"egress:\n  private_prefixes: [10.0.0.0]\n", "egress.private_prefixes"},
+		{"egress:\n  default_quotas:\n    connections_per_second: 0.5\n", "egress.default_quotas"},
+		{"egress:\n  doh_endpoints: ['bad host']\n", "egress.doh_endpoints"},
+		{"egress:\n  max_connections: -1\n", "egress.max_connections"},
 	}
 	for _, tt := range tests {
 		path := filepath.Join(t.TempDir(), "c.yaml")
@@ -108,6 +112,28 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	if assert.NoError(t, err, "no file") {
 		assert.Equal(t, uint16(15001), cfg.Egress.ProxyPort, "no file: %+v", cfg)
 	}
+}
+
+// TestGatewayPolicy: the gateway's default quotas fill what an agent's
+// policy leaves at zero, never what it sets (-1 stays no limit), and its
+// DNS-over-HTTPS resolvers are refused to every agent unless an entry
+// names them.
+func TestGatewayPolicy(t *testing.T) {
+	g := gatewayPolicy{quotas: QuotaSpec{ConnectionsPerSecond: 5000, DNSQueriesPerSecond: -1, BytesPerSecondDown: 1 << 20}, doh: []string{"doh.corp.example"}}
+	p, err := PolicySpec{Mode: "open", Quotas: QuotaSpec{ConnectionsPerSecond: -1}}.compile(g)
+	require.NoError(t, err)
+	q := p.Quotas()
+	assert.Zero(t, q.ConnectionsPerSecond, "the agent's own -1 (no limit) was replaced")
+	assert.Zero(t, q.DNSQueriesPerSecond, "the gateway's -1 (no limit) was not taken")
+	assert.Equal(t, float64(1<<20), q.BytesPerSecondDown)
+	p, err = PolicySpec{Mode: "open"}.compile(g)
+	require.NoError(t, err)
+	assert.Equal(t, float64(5000), p.Quotas().ConnectionsPerSecond)
+	assert.False(t, p.Decide("doh.corp.example", 443).Allowed, "an open policy reached the gateway's DoH resolver")
+	assert.True(t, p.Decide("www.example.com", 443).Allowed)
+	p, err = PolicySpec{Mode: "allowlist", Allow: []string{"doh.corp.example"}}.compile(g)
+	require.NoError(t, err)
+	assert.True(t, p.Decide("doh.corp.example", 443).Allowed, "an entry naming the resolver")
 }
 
 func TestNetworkAddrs(t *testing.T) {

@@ -45,9 +45,17 @@ type QuotaSpec struct {
 	BytesPerSecondDown   float64 `json:"bytes_per_second_down,omitempty"`
 }
 
-// compile turns the spec into a policy; an empty mode is open, as the
-// seed's default.
-func (p PolicySpec) compile() (*policy.Policy, error) {
+// gatewayPolicy is what the gateway's configuration adds to every
+// agent's policy: quotas where the agent's sets none, and DNS-over-HTTPS
+// resolvers beside the built-in ones.
+type gatewayPolicy struct {
+	quotas QuotaSpec
+	doh    []string
+}
+
+// compile turns the spec into a policy under the gateway's additions; an
+// empty mode is open, as the seed's default.
+func (p PolicySpec) compile(g gatewayPolicy) (*policy.Policy, error) {
 	mode, ask := policy.Open, false
 	if p.Mode != "" {
 		m, a, err := policy.ParseModeWithAsk(p.Mode)
@@ -56,7 +64,17 @@ func (p PolicySpec) compile() (*policy.Policy, error) {
 		}
 		mode, ask = m, a
 	}
-	return policy.New(policy.Config{Mode: mode, Ask: ask, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Report: p.Report, Quotas: policy.Quotas(p.Quotas)})
+	q := p.Quotas
+	for _, f := range []struct{ own, gateway *float64 }{
+		{&q.ConnectionsPerSecond, &g.quotas.ConnectionsPerSecond}, {&q.DNSQueriesPerSecond, &g.quotas.DNSQueriesPerSecond},
+		{&q.BytesPerSecondUp, &g.quotas.BytesPerSecondUp}, {&q.BytesPerSecondDown, &g.quotas.BytesPerSecondDown},
+	} {
+		if *f.own == 0 {
+			*f.own = *f.gateway
+		}
+	}
+	return policy.New(policy.Config{Mode: mode, Ask: ask, Allow: p.Allow, AllowPrivateNetworks: p.AllowPrivateNetworks, Report: p.Report,
+		Quotas: policy.Quotas(q), DoHEndpoints: g.doh})
 }
 
 // AgentSpec is what agenthold keeps of an agent.

@@ -406,9 +406,15 @@ func (s *server) makeUIToken(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"token": token})
 }
 
-// serveCA serves the interception CA's certificate.
-func (s *server) serveCA(w http.ResponseWriter, _ *http.Request) {
-	pem, err := os.ReadFile(s.caPath())
+// serveCA serves the interception CA's certificate, or with ?bundle=1
+// the bundle sandboxes trust (the system's roots, the extra upstream
+// roots and the CA).
+func (s *server) serveCA(w http.ResponseWriter, r *http.Request) {
+	path := s.publicCAPath()
+	if r.URL.Query().Get("bundle") == "1" {
+		path = s.bundlePath()
+	}
+	pem, err := os.ReadFile(path)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return

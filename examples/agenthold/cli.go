@@ -111,8 +111,11 @@ func init() {
 			help: "Print the request log (per agent, the newest egress.log_keep allowed records and as many denied ones, kept in memory)."},
 		{name: "metrics", synopsis: "", run: cmdMetrics,
 			help: "Print the Prometheus counters."},
-		{name: "ca", synopsis: "", run: cmdCA,
-			help: "Print the gateway's CA certificate (PEM), which a remote agent's machine trusts for intercepted hosts."},
+		{name: "ca", synopsis: "[--bundle]", run: cmdCA,
+			help: "Print the gateway's CA certificate (PEM), which a remote agent's machine trusts for intercepted hosts;\n" +
+				"--bundle prints the whole bundle sandboxes trust (the system's roots, egress.upstream_roots and the CA).\n" +
+				"Both are also in DATA_DIR/trust/ (ca.crt, bundle.pem, node-extra.pem), readable by every uid, for a\n" +
+				"container runtime to mount into a sandbox it starts in an agent's namespace."},
 	}
 }
 
@@ -617,10 +620,15 @@ func cmdMetrics(env *cliEnv, fs *flag.FlagSet, args []string) error {
 }
 
 func cmdCA(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	bundle := fs.Bool("bundle", false, "print the bundle sandboxes trust, not only the CA")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
-	resp, err := env.client().get("/v1/ca")
+	path := "/v1/ca"
+	if *bundle {
+		path += "?bundle=1"
+	}
+	resp, err := env.client().get(path)
 	if err != nil {
 		return err
 	}

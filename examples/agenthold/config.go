@@ -62,15 +62,27 @@ type EgressConfig struct {
 	LogFileAudit bool `yaml:"log_file_audit"`
 	// OTLP sends records, spans and counters to an OpenTelemetry
 	// collector (egresslog/otlp).
-	OTLP           OTLPConfig      `yaml:"otlp"`
-	TunnelPort     uint16          `yaml:"tunnel_port"`
-	RemoteListen   string          `yaml:"remote_listen"`
-	RemoteTLS      bool            `yaml:"remote_tls"`
-	PublicPrefixes []string        `yaml:"public_prefixes"`
-	NeverPrefixes  []string        `yaml:"never_prefixes"`
-	UpstreamRoots  string          `yaml:"upstream_roots"`
-	TokenRefresh   []RefreshConfig `yaml:"token_refresh"`
-	Approvals      ApprovalsConfig `yaml:"approvals"`
+	OTLP           OTLPConfig `yaml:"otlp"`
+	TunnelPort     uint16     `yaml:"tunnel_port"`
+	RemoteListen   string     `yaml:"remote_listen"`
+	RemoteTLS      bool       `yaml:"remote_tls"`
+	PublicPrefixes []string   `yaml:"public_prefixes"`
+	NeverPrefixes  []string   `yaml:"never_prefixes"`
+	// PrivatePrefixes count as private (netguard.Config.Private): reached
+	// only by agents whose policy allows private networks.
+	PrivatePrefixes []string `yaml:"private_prefixes"`
+	// DoHEndpoints add to the DNS-over-HTTPS resolvers every agent's
+	// policy refuses unless an entry names them exactly.
+	DoHEndpoints []string `yaml:"doh_endpoints"`
+	// DefaultQuotas are an agent's quotas where its own policy sets none.
+	DefaultQuotas QuotaConfig `yaml:"default_quotas"`
+	// MaxConnections and MaxConnectionsPerAgent bound the connections the
+	// gateway holds open, in all and per agent (0: 20000 and 2000).
+	MaxConnections         int             `yaml:"max_connections"`
+	MaxConnectionsPerAgent int             `yaml:"max_connections_per_agent"`
+	UpstreamRoots          string          `yaml:"upstream_roots"`
+	TokenRefresh           []RefreshConfig `yaml:"token_refresh"`
+	Approvals              ApprovalsConfig `yaml:"approvals"`
 }
 
 // ApprovalsConfig tunes ask mode: how long a destination no entry allows
@@ -94,6 +106,16 @@ type OTLPConfig struct {
 	Endpoint string            `yaml:"endpoint"` // the collector's base URL: http://collector:4318 (HTTP), http://collector:4317 (gRPC)
 	Headers  map[string]string `yaml:"headers"`  // sent with every export
 	Interval time.Duration     `yaml:"interval"` // how often metrics are exported; 0: OTEL_METRIC_EXPORT_INTERVAL, then 60 s
+}
+
+// QuotaConfig is an agent's share of the gateway (policy.Quotas): zero
+// means the library's default (500 connections and 500 DNS queries a
+// second, no byte limit), -1 no limit.
+type QuotaConfig struct {
+	ConnectionsPerSecond float64 `yaml:"connections_per_second"`
+	DNSQueriesPerSecond  float64 `yaml:"dns_queries_per_second"`
+	BytesPerSecondUp     float64 `yaml:"bytes_per_second_up"`
+	BytesPerSecondDown   float64 `yaml:"bytes_per_second_down"`
 }
 
 // RefreshConfig names an OAuth token endpoint the gateway answers itself.
@@ -229,6 +251,11 @@ func keyAtLine(n *yaml.Node, line int, prefix string) string {
 	return ""
 }
 
+// gatewayPolicy is what the configuration adds to every agent's policy.
+func (c *Config) gatewayPolicy() gatewayPolicy {
+	return gatewayPolicy{quotas: QuotaSpec(c.Egress.DefaultQuotas), doh: c.Egress.DoHEndpoints}
+}
+
 func (c *Config) validate() error {
 	if c.DataDir == "" || !filepath.IsAbs(c.DataDir) {
 		return fmt.Errorf("config: data_dir must be an absolute path, not %q", c.DataDir)
@@ -277,7 +304,13 @@ func (c *Config) validate() error {
 	if a := c.Egress.Approvals; a.Timeout < 0 || a.MaxPendingPerAgent < 0 || a.SessionLength < 0 || (a.WebhookURL != "") != (a.WebhookSecretFile != "") {
 		return fmt.Errorf("config: egress.approvals: timeout, max_pending_per_agent and session_length must not be negative, and webhook_url and webhook_secret_file go together")
 	}
-	for key, list := range map[string][]string{"egress.public_prefixes": c.Egress.PublicPrefixes, "egress.never_prefixes": c.Egress.NeverPrefixes} {
+	if c.Egress.MaxConnections < 0 || c.Egress.MaxConnectionsPerAgent < 0 {
+		return fmt.Errorf("config: egress.max_connections and egress.max_connections_per_agent must not be negative")
+	}
+	if _, err := (PolicySpec{}).compile(c.gatewayPolicy()); err != nil {
+		return fmt.Errorf("config: egress.default_quotas or egress.doh_endpoints: %w", err)
+	}
+	for key, list := range map[string][]string{"egress.public_prefixes": c.Egress.PublicPrefixes, "egress.never_prefixes": c.Egress.NeverPrefixes, "egress.private_prefixes": c.Egress.PrivatePrefixes} {
 		for _, p := range list {
 			if _, err := netip.ParsePrefix(p); err != nil {
 				return fmt.Errorf("config: %s: %q is not a prefix", key, p)

@@ -96,6 +96,11 @@ func buildWorld() (w *world, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Searchable, as the data directory is, so that its trust files
+	// (data/trust) are readable by every uid; its own files are 0600.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, err
+	}
 	w = &world{dir: dir, self: self, socket: filepath.Join(dir, "data", "admin.sock")}
 	defer func() {
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -37,6 +38,7 @@ func TestRemoteAgent(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.cli(caFile, "ca"))
 	caFile.Close()
+	checkTrustFiles(t, w, ca)
 
 	curl := func(proxy string, args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -95,4 +97,31 @@ func TestRemoteAgent(t *testing.T) {
 	assert.Error(t, <-tunnel, "a deleted remote agent's tunnel lived on")
 	body, err = curl(remote, "--fail-with-body", "http://www.example.com/")
 	assert.Error(t, err, "a deleted remote agent's token still works: %s", body)
+}
+
+// checkTrustFiles: `agenthold ca --bundle` prints the bundle that ends
+// with the CA, and the trust files are readable by any uid at
+// DATA_DIR/trust (for a container runtime to mount), while the data
+// directory cannot be listed and the CA's key cannot be read.
+func checkTrustFiles(t *testing.T, w *world, caFile string) {
+	var bundle strings.Builder
+	require.NoError(t, w.cli(&bundle, "ca", "--bundle"))
+	ca, err := os.ReadFile(caFile)
+	require.NoError(t, err)
+	assert.Contains(t, bundle.String(), strings.TrimSpace(string(ca)), "the bundle holds the CA")
+	assert.Greater(t, strings.Count(bundle.String(), "BEGIN CERTIFICATE"), 1, "the bundle holds the system's roots too")
+	data := filepath.Join(w.dir, "data")
+	as := func(args ...string) (string, error) {
+		out, err := exec.Command("setpriv", append([]string{"--reuid=4242", "--regid=4242", "--clear-groups"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	for name, want := range map[string]string{"ca.crt": string(ca), "bundle.pem": bundle.String()} {
+		out, err := as("cat", filepath.Join(data, "trust", name))
+		require.NoError(t, err, "uid 4242 reading trust/%s: %s", name, out)
+		assert.Equal(t, want, out, "trust/%s", name)
+	}
+	out, err := as("ls", data)
+	assert.Error(t, err, "uid 4242 listed the data directory: %s", out)
+	out, err = as("cat", filepath.Join(data, "egress", "ca.key"))
+	assert.Error(t, err, "uid 4242 read the CA's key: %s", out)
 }

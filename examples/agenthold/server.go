@@ -60,15 +60,22 @@ type server struct {
 	mu sync.Mutex // serialises agent changes
 }
 
-// Paths of the files a sandbox needs to trust the interception CA.
-func (s *server) caPath() string     { return filepath.Join(s.cfg.DataDir, "egress", "ca.crt") }
-func (s *server) bundlePath() string { return filepath.Join(s.cfg.DataDir, "egress", "bundle.pem") }
+// caPath is the interception CA's certificate, kept with its key.
+func (s *server) caPath() string { return filepath.Join(s.cfg.DataDir, "egress", "ca.crt") }
 
-// nodeExtraPath is NODE_EXTRA_CA_CERTS's file: the CA and the extra
-// upstream roots (mitm.CA.NodeExtra).
-func (s *server) nodeExtraPath() string {
-	return filepath.Join(s.cfg.DataDir, "egress", "node-extra.pem")
-}
+// trustDir holds what a sandbox needs to trust the interception CA, and
+// nothing else, readable by every uid: a sandbox a container runtime
+// starts in an agent's namespace mounts it from here. The data directory
+// is searchable for it (0711) but not listable; everything else in it
+// stays the gateway's alone (0700 directories, 0600 files).
+func (s *server) trustDir() string { return filepath.Join(s.cfg.DataDir, "trust") }
+
+// Paths of the trust files: the CA, the bundle (the system's roots, the
+// extra upstream roots and the CA) and NODE_EXTRA_CA_CERTS's file (the CA
+// and the extra upstream roots, mitm.CA.NodeExtra).
+func (s *server) publicCAPath() string  { return filepath.Join(s.trustDir(), "ca.crt") }
+func (s *server) bundlePath() string    { return filepath.Join(s.trustDir(), "bundle.pem") }
+func (s *server) nodeExtraPath() string { return filepath.Join(s.trustDir(), "node-extra.pem") }
 
 // startServer brings the gateway up: state, vault, CA, DNS, proxies,
 // rules, agents, admin API. On any error what was started is stopped.
@@ -202,10 +209,21 @@ func (s *server) openCA() error {
 		}
 		bundle = append(append(slices.Clone(extra), '\n'), bundle...)
 	}
-	if err := os.WriteFile(s.nodeExtraPath(), ca.NodeExtra(extra), 0o644); err != nil {
+	if err := os.Chmod(s.cfg.DataDir, 0o711); err != nil {
 		return err
 	}
-	return os.WriteFile(s.bundlePath(), bundle, 0o644)
+	if err := os.Mkdir(s.trustDir(), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := os.Chmod(s.trustDir(), 0o755); err != nil {
+		return err
+	}
+	for path, data := range map[string][]byte{s.publicCAPath(): ca.PEM(), s.nodeExtraPath(): ca.NodeExtra(extra), s.bundlePath(): bundle} {
+		if err := writeFileAtomic(path, data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (s *server) openGuard() error {
@@ -217,6 +235,9 @@ func (s *server) openGuard() error {
 	}
 	for _, p := range s.cfg.Egress.NeverPrefixes {
 		cfg.Never = append(cfg.Never, netip.MustParsePrefix(p))
+	}
+	for _, p := range s.cfg.Egress.PrivatePrefixes {
+		cfg.Private = append(cfg.Private, netip.MustParsePrefix(p))
 	}
 	g, err := netguard.New(cfg)
 	if err != nil {
@@ -277,6 +298,7 @@ func (s *server) startDataPlane() error {
 	s.proxy = &tproxy.Proxy{
 		Agents: s.agents.lookup, Identify: s.identify, Names: s.dns.Names, Guard: s.guard, Resolver: s.dns,
 		Interceptor: s.ic, Log: s.elog, Logger: s.log, Approver: s.approvals,
+		MaxConns: s.cfg.Egress.MaxConnections, MaxConnsPerAgent: s.cfg.Egress.MaxConnectionsPerAgent,
 	}
 	s.servers.OnStop("proxy", s.proxy.Shutdown)
 	// Registered after the servers, so stopped before them: what waits
@@ -334,7 +356,7 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	if !validAgentName.MatchString(spec.Name) {
 		return nil, fmt.Errorf("invalid agent name %q (lower-case letters, digits and -, at most 32)", spec.Name)
 	}
-	pol, err := spec.Policy.compile()
+	pol, err := spec.Policy.compile(s.cfg.gatewayPolicy())
 	if err != nil {
 		return nil, err
 	}
@@ -538,7 +560,7 @@ func (s *server) identify(c tproxy.Credentials) (string, *policy.Policy, error) 
 // request from now on is judged by it, and the spliced connections it
 // refuses are ended.
 func (s *server) setPolicy(name string, spec PolicySpec) error {
-	pol, err := spec.compile()
+	pol, err := spec.compile(s.cfg.gatewayPolicy())
 	if err != nil {
 		return err
 	}
@@ -662,10 +684,23 @@ func (s *server) execInfo(a *agent) ExecInfo {
 	return ExecInfo{
 		Agent: a.spec.Name, NetNSPath: a.nsPath, ServerPID: os.Getpid(),
 		UID: a.uid, GID: a.gid, Home: s.homeDir(a.spec.Name), Env: s.sandboxEnv(a),
-		DataDir: s.cfg.DataDir, TrustFiles: []string{s.caPath(), s.bundlePath(), s.nodeExtraPath()}, Hide: hide,
+		DataDir: s.cfg.DataDir, TrustFiles: []string{s.publicCAPath(), s.bundlePath(), s.nodeExtraPath()}, Hide: hide,
 		ResolvConf: a.resolvConf(),
 	}
 }
 
 // drainTimeout is how long stop may take on SIGTERM.
 const drainTimeout = 10 * time.Second
+
+// writeFileAtomic replaces path with data, so that a reader sees the old
+// file or the new one, never a part.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, mode); err != nil { // whatever the umask
+		return err
+	}
+	return os.Rename(tmp, path)
+}
