@@ -347,6 +347,19 @@ func TestSandboxConfinement(t *testing.T) {
 	serverPID := w.server.Process.Pid
 	alice := w.agentInfo(t, "alice")
 
+	// A command the operator left in the host's /tmp is not in the
+	// sandbox's, and the error says why.
+	hostTmp, err := os.CreateTemp("/tmp", "agenthold-cmd-")
+	require.NoError(t, err)
+	hostTmp.Close()
+	t.Cleanup(func() { os.Remove(hostTmp.Name()) })
+	require.NoError(t, os.Chmod(hostTmp.Name(), 0o755))
+	inTmp := exec.Command(w.self, "exec", "alice", "--", hostTmp.Name())
+	inTmp.Env = w.env()
+	missing, err := inTmp.CombinedOutput()
+	assert.Error(t, err)
+	assert.Contains(t, string(missing), hostTmp.Name()+": no such file or directory (/tmp is private to each sandbox", "exec of a host /tmp path: %s", missing)
+
 	// A key in the caller's session keyring (a login's holds the
 	// operator's), a world-writable directory on the host, and a service
 	// on the tunnel port, which is closed by default.

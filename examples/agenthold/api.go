@@ -274,6 +274,7 @@ func (s *server) attachSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, vaultStatus(err), err)
 		return
 	}
+	s.log.Info("secret attached", "agent", a.Agent, "secret", a.Secret, "env", a.Env)
 	writeJSON(w, http.StatusOK, map[string]string{"agent": a.Agent, "secret": a.Secret, "env": a.Env, "placeholder": a.Placeholder})
 }
 
@@ -282,6 +283,7 @@ func (s *server) detachSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, vaultStatus(err), err)
 		return
 	}
+	s.log.Info("secret detached", "agent", r.PathValue("name"), "secret", r.PathValue("secret"))
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -319,6 +321,7 @@ func (s *server) putSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
+	s.log.Info("secret set", "secret", r.PathValue("name"), "owner", req.Owner) // never its value
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -327,6 +330,7 @@ func (s *server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, vaultStatus(err), err)
 		return
 	}
+	s.log.Info("secret deleted", "secret", r.PathValue("name"))
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -105,7 +105,7 @@ func (s *server) answerApproval(w http.ResponseWriter, r *http.Request) {
 	if a.By != "" {
 		by = a.By + " (admin API)"
 	}
-	switch err := s.approvals.Answer(r.PathValue("id"), a.Answer, by, a.DenyEntry); {
+	switch err := s.answer(r.PathValue("id"), a.Answer, by, a.DenyEntry); {
 	case errors.Is(err, approval.ErrNotPending):
 		writeError(w, http.StatusNotFound, err)
 	case err != nil:
@@ -113,6 +113,16 @@ func (s *server) answerApproval(w http.ResponseWriter, r *http.Request) {
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}
+}
+
+// answer answers a pending request, and says so in the server's log: the
+// admin API and the console answer through it.
+func (s *server) answer(id string, a approval.Answer, by string, denyEntry bool) error {
+	err := s.approvals.Answer(id, a, by, denyEntry)
+	if err == nil {
+		s.log.Info("approval answered", "id", id, "answer", a, "by", by, "deny_entry", denyEntry)
+	}
+	return err
 }
 
 func cmdApprovals(env *cliEnv, fs *flag.FlagSet, args []string) error {

@@ -440,7 +440,7 @@ func (c *console) approvalEvents(w http.ResponseWriter, r *http.Request, _ conso
 func (c *console) answer(w http.ResponseWriter, r *http.Request, _ consoleSession) {
 	a, err := approval.ParseAnswer(r.PostFormValue("answer"))
 	if err == nil {
-		err = c.s.approvals.Answer(r.PathValue("id"), a, "console", r.PostFormValue("deny_entry") == "1")
+		err = c.s.answer(r.PathValue("id"), a, "console", r.PostFormValue("deny_entry") == "1")
 	}
 	if err != nil && !errors.Is(err, approval.ErrNotPending) {
 		http.Error(w, err.Error(), http.StatusBadRequest)

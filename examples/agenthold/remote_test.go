@@ -97,6 +97,11 @@ func TestRemoteAgent(t *testing.T) {
 	assert.Error(t, <-tunnel, "a deleted remote agent's tunnel lived on")
 	body, err = curl(remote, "--fail-with-body", "http://www.example.com/")
 	assert.Error(t, err, "a deleted remote agent's token still works: %s", body)
+	serverLog, err := os.ReadFile(filepath.Join(w.dir, "server.log"))
+	require.NoError(t, err)
+	for _, line := range []string{"agent up", "secret attached", "agent deleted"} {
+		assert.Regexp(t, `msg="`+line+`"[^\n]* agent=rita`, string(serverLog), "the server's log says nothing of the change")
+	}
 }
 
 // checkTrustFiles: `agenthold ca --bundle` prints the bundle that ends

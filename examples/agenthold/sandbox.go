@@ -368,6 +368,9 @@ func sandboxEnvFor(info ExecInfo, term string) []string {
 // lookPath finds a command by the sandbox's PATH.
 func lookPath(name string, env []string) (string, error) {
 	if strings.Contains(name, "/") {
+		if _, err := os.Stat(name); err != nil {
+			return "", fmt.Errorf("sandbox: %s: %w%s", name, err, privateHint(name))
+		}
 		return name, nil
 	}
 	for _, kv := range env {
@@ -381,6 +384,17 @@ func lookPath(name string, env []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("sandbox: %s: command not found", name)
+}
+
+// privateHint says why a path under a scratch directory is not there: the
+// sandbox's is its own, empty at start.
+func privateHint(path string) string {
+	for _, d := range scratchDirs {
+		if path == d.dir || strings.HasPrefix(path, d.dir+"/") {
+			return fmt.Sprintf(" (%s is private to each sandbox, empty at its start: the host's is not seen; put the command in the agent's home or in the host's tree, /usr/local/bin)", d.dir)
+		}
+	}
+	return ""
 }
 
 // dropPrivileges leaves the calling thread (and whatever it starts) no

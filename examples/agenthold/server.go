@@ -521,6 +521,7 @@ func (s *server) removeAgent(name string) error {
 		for _, at := range s.vault.Attachments(name) {
 			s.vault.Detach(name, at.Secret)
 		}
+		s.log.Info("agent deleted", "agent", name, "remote", true, "err", err)
 		return err
 	}
 	if s.rules != nil {
@@ -535,6 +536,7 @@ func (s *server) removeAgent(name string) error {
 	if rmErr := dropHome(s.homeDir(name)); rmErr != nil && err == nil {
 		err = rmErr
 	}
+	s.log.Info("agent deleted", "agent", name, "err", err)
 	return err
 }
 
