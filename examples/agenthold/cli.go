@@ -137,8 +137,10 @@ func cmdServe(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	logger.Info("agenthold serving", "admin_socket", cfg.adminSocket(), "proxy_port", cfg.Egress.ProxyPort,
 		"explicit_port", cfg.Egress.ExplicitPort, "dns_port", cfg.Egress.DNSPort, "egress_disabled", cfg.Egress.Disabled)
+	notifySystemd(logger, "READY=1")
 	fmt.Println("agenthold: ready") // for scripts that wait
 	<-s.servers.Context().Done()    // SIGTERM, or a server failed
+	notifySystemd(logger, "STOPPING=1")
 	logger.Info("agenthold stopping: draining, then removing namespaces, links and rules")
 	if err := s.servers.StopAndWait(drainTimeout); err != nil {
 		return fmt.Errorf("gateway stopped: %w", err)
@@ -588,11 +590,16 @@ func cmdExec(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		}
 	}
 	if dash < 0 {
-		if _, err := parse(fs, args, 1); err != nil { // --help, or a usage error
-			return err
+		if slices.Contains(args, "--help") || slices.Contains(args, "-h") || len(args) < 2 {
+			if _, err := parse(fs, args, 1); err != nil { // --help, or a usage error
+				return err
+			}
 		}
+		// The command's own flags (curl -sI) are not exec's: without "--"
+		// they read as exec's, and no flag error would say why.
+		return usagef("exec needs -- before the command: agenthold exec %s -- %s", args[0], strings.Join(args[1:], " "))
 	}
-	if dash < 0 || dash == len(args)-1 {
+	if dash == len(args)-1 {
 		return usagef("exec AGENT -- COMMAND [ARG]...")
 	}
 	pos, err := parse(fs, args[:dash], 1)

@@ -81,6 +81,28 @@ func TestEveryCommandHasHelp(t *testing.T) {
 	for _, c := range commands {
 		assert.Contains(t, out, "  "+c.name+" ", "help lists %s", c.name)
 	}
+	// help COMMAND is COMMAND --help; help of no command is a usage error.
+	for _, c := range commands {
+		var code int
+		viaHelp := captureStdout(t, func() { code = run(append([]string{"help"}, strings.Fields(c.name)...)) })
+		assert.Equal(t, exitOK, code, "help %s", c.name)
+		assert.Equal(t, captureStdout(t, func() { run(append(strings.Fields(c.name), "--help")) }), viaHelp, "help %s", c.name)
+	}
+	var code int
+	captureStdout(t, func() { code = run([]string{"help", "bogus"}) })
+	assert.Equal(t, exitUsage, code, "help bogus")
+}
+
+// TestExecWithoutDashDash: a command's own flags given without "--" are
+// not read as exec's; the error says where "--" goes.
+func TestExecWithoutDashDash(t *testing.T) {
+	for _, args := range [][]string{{"exec", "carol", "curl", "-sI", "https://example.com"}, {"exec", "carol", "ls"}} {
+		err := dispatch(args)
+		var ue usageError
+		require.ErrorAs(t, err, &ue, "%v", args)
+		assert.ErrorContains(t, err, "exec needs -- before the command: agenthold exec carol -- "+strings.Join(args[2:], " "))
+	}
+	assert.ErrorIs(t, dispatch([]string{"exec", "--help"}), errHelpShown)
 }
 
 // TestGlobalSocketAnywhere takes --socket before the command, between its

@@ -71,6 +71,7 @@ type cliEnv struct {
 const usageHead = `agenthold: the egress gateway of a sandbox server.
 
 Usage: agenthold [--socket PATH] COMMAND [ARGS]   (agenthold COMMAND --help for one command)
+       agenthold version
 
 `
 
@@ -150,8 +151,20 @@ func dispatch(args []string) error {
 	}
 	switch args[0] {
 	case "help", "-h", "--help":
-		fmt.Print(usageText())
-		return nil
+		if len(args) == 1 {
+			fmt.Print(usageText())
+			return nil
+		}
+		// help COMMAND is COMMAND --help.
+		c, _, err := findCommand(args[1:])
+		if err != nil {
+			return err
+		}
+		fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		return c.run(env, fs, []string{"--help"})
+	case "version":
+		return cmdVersion(args[1:])
 	}
 	c, rest, err := findCommand(args)
 	if err != nil {
