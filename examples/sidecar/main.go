@@ -40,6 +40,7 @@ Usage:
   sidecar install-ca --bundle OUT [--base /etc/ssl/certs/ca-certificates.crt]
                 [--from http://127.0.0.1:15004/ca.pem] [--exempt-uid 1337]
   sidecar suggest --log FILE [--policy CURRENT] [--collapse N]
+  sidecar version
 
 Exit codes: 0 done, 1 failed (the message says why), 2 bad usage.
 `
@@ -82,6 +83,8 @@ func dispatch(args []string) error {
 		return cmdInstallCA(args[1:])
 	case "suggest":
 		return cmdSuggest(args[1:])
+	case "version":
+		return cmdVersion(args[1:])
 	case "help", "-h", "--help":
 		fmt.Print(usageText)
 		return nil
