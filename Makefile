@@ -65,7 +65,8 @@ dev: build
 	@./$(BIN) demo --down >/dev/null
 	@nohup ./$(BIN) demo --keep >/tmp/agenthold-dev.log 2>&1 &
 	@for i in $$(seq 1 300); do [ -f /run/agenthold-dev/state.json ] && break; sleep 0.1; done; \
-	if [ -f /run/agenthold-dev/state.json ]; then echo "dev stack up (log: /tmp/agenthold-dev.log)"; \
+	if [ -f /run/agenthold-dev/state.json ]; then echo "dev stack up (log: /tmp/agenthold-dev.log); for the CLI:"; \
+		sed -n 's/.*"socket": *"\([^"]*\)".*/  export AGENTHOLD_SOCKET=\1/p' /run/agenthold-dev/state.json; \
 	else echo "dev stack did not come up:"; cat /tmp/agenthold-dev.log; exit 1; fi
 
 dev-down: build

@@ -681,21 +681,31 @@ func cmdLog(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	return printLogTable(os.Stdout, resp.Body, *follow)
 }
 
-// printLogTable renders JSON-line records as a table.
+// printLogTable renders JSON-line records as a table. Records arrive in
+// the order they were made, a connection's when it ends, after the
+// requests it carried; the table (unless it follows) is in the order
+// they started, so a connection comes first and its requests below it.
 func printLogTable(w io.Writer, r io.Reader, follow bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TIME\tAGENT\tKIND\tDESTINATION\tVERDICT\tDETAIL\tSECRET\tBYTES ↑/↓")
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var recs []egresslog.Record
 	for sc.Scan() {
 		rec, err := egresslog.ParseJSON(sc.Bytes())
 		if err != nil {
 			continue
 		}
-		fmt.Fprintln(tw, logRow(rec))
-		if follow {
-			tw.Flush()
+		if !follow {
+			recs = append(recs, rec)
+			continue
 		}
+		fmt.Fprintln(tw, logRow(rec))
+		tw.Flush()
+	}
+	slices.SortStableFunc(recs, func(a, b egresslog.Record) int { return a.Time.Compare(b.Time) })
+	for _, rec := range recs {
+		fmt.Fprintln(tw, logRow(rec))
 	}
 	return tw.Flush()
 }

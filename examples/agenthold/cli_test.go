@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"io"
@@ -177,4 +178,23 @@ func TestPolicySetCommandRoundTrip(t *testing.T) {
 	require.NoError(t, fs.Parse(args))
 	assert.Equal(t, want, got())
 	assert.Equal(t, "allowlist github.com *.npmjs.org ssh.example.net:22 !pastebin.com +private connections/s=50 dns/s=-1 bytes-up/s=1e+06", policyText(want))
+}
+
+// TestLogTableInStartOrder: a connection's record, made when it ends,
+// is shown above the requests it carried, which started after it.
+func TestLogTableInStartOrder(t *testing.T) {
+	start := time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+	var in bytes.Buffer
+	for _, r := range []egresslog.Record{
+		{Time: start.Add(time.Millisecond), Agent: "a", Kind: egresslog.KindHTTP, Host: "api.example", Method: "GET", Path: "/request", Allowed: true, ConnID: 1},
+		{Time: start, Agent: "a", Kind: egresslog.KindTLS, Host: "api.example", Port: 443, Allowed: true, ConnID: 1},
+	} {
+		in.Write(append(r.AppendJSON(nil), '\n'))
+	}
+	var out strings.Builder
+	require.NoError(t, printLogTable(&out, &in, false))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	require.Len(t, lines, 3)
+	assert.Contains(t, lines[1], "tls", "the connection first")
+	assert.Contains(t, lines[2], "/request")
 }

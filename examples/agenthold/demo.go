@@ -76,7 +76,7 @@ func cmdDemo(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	fmt.Println("\nThe scripted session: real clients inside the sandboxes.")
 	failed := runSession(w)
-	fmt.Println("\nThe request log, as `agenthold log` shows it:")
+	fmt.Println("\nThe request log, as `agenthold log` shows it: in the order things started, a connection above the requests it carried:")
 	w.cli(os.Stdout, "log", "--limit", "100")
 	if failed > 0 {
 		return fmt.Errorf("%d step(s) of the demo did not go as expected", failed)
