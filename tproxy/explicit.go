@@ -43,6 +43,15 @@ type Credentials struct {
 // transparent proxy. ln may be a TLS listener (crypto/tls.NewListener):
 // the client's certificate then reaches Identify. It returns
 // ErrServerClosed after Shutdown or Close.
+//
+// A request beyond the agent's quotas or the proxy's bounds is answered
+// 503 with Proxy-Status connection_limit_reached and recorded: with
+// default settings, beyond policy.DefaultConnectionsPerSecond (500) new
+// connections a second per agent, after a burst of twice as many (so a
+// load test from one source sees 503s past roughly 750 a second in its
+// first second), beyond MaxConnsPerAgent (2,000) open, or beyond
+// MaxExplicitConnsPerSource (1,024) connections from one address. A load
+// test sets its policy's quota to -1 and raises those bounds.
 func (p *Proxy) ServeExplicit(ln net.Listener) error {
 	p.init()
 	p.httpOnce.Do(p.startHTTP)
