@@ -111,7 +111,9 @@ func TestHTTPEveryRequestJudged(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, r.Status, "record %+v", r)
 	assert.Equal(t, "/path", r.Path, "record %+v", r)
 	assert.Equal(t, "GET", r.Method, "record %+v", r)
-	abs1 := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" && r.Path == "/" })
+	abs1 := w.waitRecord(func(r egresslog.Record) bool {
+		return r.Kind == egresslog.KindHTTP && r.Host == "blocked.test" && r.Path == "/"
+	})
 	assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", abs1.Trace, "the request's traceparent is recorded, for its span")
 }
 
