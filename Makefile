@@ -3,7 +3,7 @@
 GO  ?= go
 BIN := bin/agenthold
 
-.PHONY: demo test deps build dev dev-down e2e e2e-console
+.PHONY: demo test deps build dev dev-down e2e e2e-console install
 
 # What the demo and the tests use from Debian, installed only if missing:
 # the kernel tests' tools, and the real clients of the e2e check's matrix
@@ -71,3 +71,20 @@ dev: build
 
 dev-down: build
 	./$(BIN) demo --down
+
+# Install the gateway as a systemd service (as root): a static binary in
+# /usr/local/bin, the unit, and the example configuration unless there is
+# one already. DESTDIR stages it under another root (a package's). Then:
+# systemctl enable --now agenthold.
+DESTDIR ?=
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+install:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w -X main.version=$(VERSION)' -o $(BIN)-static ./examples/agenthold
+	install -D -m 0755 $(BIN)-static $(DESTDIR)/usr/local/bin/agenthold
+	install -D -m 0644 examples/agenthold/deploy/agenthold.service $(DESTDIR)/etc/systemd/system/agenthold.service
+	@if [ -e $(DESTDIR)/etc/agenthold/agenthold.yaml ]; then \
+		echo "kept $(DESTDIR)/etc/agenthold/agenthold.yaml"; \
+	else \
+		install -D -m 0600 examples/agenthold/agenthold.example.yaml $(DESTDIR)/etc/agenthold/agenthold.yaml; \
+	fi
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
