@@ -37,26 +37,40 @@ func LoadKeyFile(path string) ([]byte, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("vault: generate key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
+	if err := writeKeyFile(path, key); err != nil {
 		if errors.Is(err, fs.ErrExist) { // created meanwhile by another process
 			return readKeyFile(path)
 		}
-		return nil, fmt.Errorf("vault: create key file: %w", err)
+		return nil, err
+	}
+	return key, nil
+}
+
+// writeKeyFile creates path, which must not exist, holding key, mode
+// 0600, synced to disk.
+func writeKeyFile(path string, key []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		return fmt.Errorf("vault: create key file: %w", err)
 	}
 	if _, err := f.Write(key); err != nil {
 		f.Close()
 		os.Remove(path)
-		return nil, fmt.Errorf("vault: write key file: %w", err)
+		return fmt.Errorf("vault: write key file: %w", err)
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("vault: sync key file: %w", err)
+		os.Remove(path)
+		return fmt.Errorf("vault: sync key file: %w", err)
 	}
 	if err := f.Close(); err != nil {
-		return nil, fmt.Errorf("vault: close key file: %w", err)
+		os.Remove(path)
+		return fmt.Errorf("vault: close key file: %w", err)
 	}
-	return key, nil
+	return nil
 }
 
 func readKeyFile(path string) ([]byte, error) {

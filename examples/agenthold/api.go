@@ -110,6 +110,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/secrets", s.listSecrets)
 	mux.HandleFunc("PUT /v1/secrets/{name}", s.putSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
+	mux.HandleFunc("POST /v1/master-key/rotate", s.rotateMasterKey)
 	mux.HandleFunc("GET /v1/presets", s.listPresets)
 	mux.HandleFunc("GET /v1/log", s.readLog)
 	mux.HandleFunc("GET /v1/approvals", s.listApprovals)
@@ -331,6 +332,21 @@ func (s *server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.log.Info("secret deleted", "secret", r.PathValue("name"))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// rotateMasterKey re-seals every secret under a new master key in its
+// file (vault.RotateKeyFile); the old key opens nothing afterwards.
+func (s *server) rotateMasterKey(w http.ResponseWriter, _ *http.Request) {
+	if s.keyFromEnv {
+		writeError(w, http.StatusConflict, fmt.Errorf("the master key comes from %s: rotate it where it is kept, then restart with the new one", masterKeyEnv))
+		return
+	}
+	if err := vault.RotateKeyFile(s.vault, s.cfg.masterKeyFile()); err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	s.log.Info("master key rotated", "file", s.cfg.masterKeyFile())
 	w.WriteHeader(http.StatusNoContent)
 }
 

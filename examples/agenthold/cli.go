@@ -86,6 +86,10 @@ func init() {
 			help: "Give an agent a secret: its sandbox's VAR holds a placeholder the gateway replaces on the way out."},
 		{name: "secret detach", synopsis: "AGENT SECRET", run: cmdSecretDetach,
 			help: "Take a secret from an agent."},
+		{name: "secret rotate-key", synopsis: "", run: cmdSecretRotateKey,
+			help: "Re-seal every secret under a new master key, written over the key file (secrets.master_key_file);\n" +
+				"the old key opens nothing afterwards. A crash at any point leaves a vault that opens at the next start.\n" +
+				"Back the new key up: a backup made before opens only with the key it was made under."},
 		{name: "exec", synopsis: "AGENT -- COMMAND [ARG]...", run: cmdExec,
 			help: "Run a command in the agent's sandbox (root): its network namespace, and new mount, PID, UTS and IPC\n" +
 				"namespaces, as the agent's uid and gid with no capability and no_new_privs. The gateway's files, the admin\n" +
@@ -548,6 +552,17 @@ func cmdSecretDelete(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	fmt.Printf("secret %s deleted, with every attachment of it\n", pos[0])
+	return nil
+}
+
+func cmdSecretRotateKey(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if err := env.client().do("POST", "/v1/master-key/rotate", nil, nil); err != nil {
+		return err
+	}
+	fmt.Println("master key rotated: every secret is sealed under the new key; the old one opens nothing")
 	return nil
 }
 

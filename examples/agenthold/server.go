@@ -43,6 +43,9 @@ type server struct {
 	pool6  netip.Prefix
 	agents *agents
 	vault  *vault.Vault
+	// keyFromEnv: the master key came from AGENTHOLD_MASTER_KEY, not a
+	// file agenthold can rotate.
+	keyFromEnv bool
 	ca     *mitm.CA
 	guard  *netguard.Guard
 	elog   *egresslog.Log
@@ -179,16 +182,21 @@ func lockDataDir(dir string) (*os.File, error) {
 }
 
 func (s *server) openVault() error {
+	store := vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}
 	key, err := vault.KeyFromEnv(masterKeyEnv)
 	// Read once; no child and no later reader of the environment sees it.
 	os.Unsetenv(masterKeyEnv)
+	s.keyFromEnv = err == nil
 	if errors.Is(err, os.ErrNotExist) {
-		key, err = vault.LoadKeyFile(s.cfg.masterKeyFile())
+		// A rotation a crash cut short is finished (or dropped) first.
+		if err = vault.RecoverKeyFile(store, s.cfg.masterKeyFile()); err == nil {
+			key, err = vault.LoadKeyFile(s.cfg.masterKeyFile())
+		}
 	}
 	if err != nil {
 		return err
 	}
-	s.vault, err = vault.Open(vault.FileStorage{Path: filepath.Join(s.cfg.DataDir, "secrets.json")}, key, vault.Config{PlaceholderPrefix: "agenthold", SigV4: awssig.Signer{}})
+	s.vault, err = vault.Open(store, key, vault.Config{PlaceholderPrefix: "agenthold", SigV4: awssig.Signer{}})
 	return err
 }
 
