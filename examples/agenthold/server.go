@@ -46,13 +46,13 @@ type server struct {
 	// keyFromEnv: the master key came from AGENTHOLD_MASTER_KEY, not a
 	// file agenthold can rotate.
 	keyFromEnv bool
-	ca     *mitm.CA
-	guard  *netguard.Guard
-	elog   *egresslog.Log
-	dns    *dnsfilter.Server
-	proxy  *tproxy.Proxy
-	ic     *mitm.Interceptor
-	rules  *nftrules.Rules
+	ca         *mitm.CA
+	guard      *netguard.Guard
+	elog       *egresslog.Log
+	dns        *dnsfilter.Server
+	proxy      *tproxy.Proxy
+	ic         *mitm.Interceptor
+	rules      *nftrules.Rules
 	// approvals holds what agents in ask mode reach for, for an answer.
 	approvals *approval.Broker
 	console   *console // the web console, if ui_listen is set
