@@ -265,6 +265,11 @@ func (v *Vault) List() []Info {
 	return out
 }
 
+// Key returns a copy of the master key the vault is sealed under now, for
+// a backup that must carry it. It is the key to every secret: never give
+// it to what a sandbox can read.
+func (v *Vault) Key() []byte { return slices.Clone(v.cur.Load().key) }
+
 // Rotate re-seals every secret under newKey and stores the result in one
 // atomic write; until it returns, the old key opens the vault. Keep the
 // new key durable before calling Rotate.

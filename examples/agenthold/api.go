@@ -111,6 +111,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("PUT /v1/secrets/{name}", s.putSecret)
 	mux.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
 	mux.HandleFunc("POST /v1/master-key/rotate", s.rotateMasterKey)
+	mux.HandleFunc("POST /v1/backup", s.serveBackup)
 	mux.HandleFunc("GET /v1/presets", s.listPresets)
 	mux.HandleFunc("GET /v1/log", s.readLog)
 	mux.HandleFunc("GET /v1/approvals", s.listApprovals)

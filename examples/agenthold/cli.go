@@ -90,6 +90,13 @@ func init() {
 			help: "Re-seal every secret under a new master key, written over the key file (secrets.master_key_file);\n" +
 				"the old key opens nothing afterwards. A crash at any point leaves a vault that opens at the next start.\n" +
 				"Back the new key up: a backup made before opens only with the key it was made under."},
+		{name: "backup", synopsis: "FILE [--passphrase-file F]", run: cmdBackup,
+			help: "Write the gateway's state (agents, secrets, CA, audit key, console token) to FILE, sealed under the master key,\n" +
+				"or under the passphrase in F (the backup then carries the master key, and restores on any machine)."},
+		{name: "restore", synopsis: "FILE [--config C] [--passphrase-file F]", run: cmdRestore,
+			help: "Restore a backup into the data directory of the configuration, which must hold no state yet and no running\n" +
+				"server: then `agenthold serve` serves the same agents and secrets. A backup made without a passphrase\n" +
+				"opens with the master key it was made under, which must be at secrets.master_key_file (or in AGENTHOLD_MASTER_KEY)."},
 		{name: "exec", synopsis: "AGENT -- COMMAND [ARG]...", run: cmdExec,
 			help: "Run a command in the agent's sandbox (root): its network namespace, and new mount, PID, UTS and IPC\n" +
 				"namespaces, as the agent's uid and gid with no capability and no_new_privs. The gateway's files, the admin\n" +
@@ -564,6 +571,73 @@ func cmdSecretRotateKey(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	fmt.Println("master key rotated: every secret is sealed under the new key; the old one opens nothing")
 	return nil
+}
+
+func cmdBackup(env *cliEnv, fs *flag.FlagSet, args []string) error {
+	passFile := fs.String("passphrase-file", "", "seal under the passphrase in this file, not the master key")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	var req struct {
+		Passphrase string `json:"passphrase,omitempty"`
+	}
+	if *passFile != "" {
+		if req.Passphrase, err = readPassphrase(*passFile); err != nil {
+			return err
+		}
+	}
+	var reply backupReply
+	if err := env.client().do("POST", "/v1/backup", req, &reply); err != nil {
+		return err
+	}
+	if err := writeFileAtomic(pos[0], reply.Backup, 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("backup written to %s (%d bytes)\n", pos[0], len(reply.Backup))
+	return nil
+}
+
+func cmdRestore(_ *cliEnv, fs *flag.FlagSet, args []string) error {
+	config := fs.String("config", "", "configuration file whose data directory receives the state (default: the built-in defaults)")
+	passFile := fs.String("passphrase-file", "", "the file of the passphrase the backup was sealed under")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*config)
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(pos[0])
+	if err != nil {
+		return err
+	}
+	var passphrase string
+	if *passFile != "" {
+		if passphrase, err = readPassphrase(*passFile); err != nil {
+			return err
+		}
+	}
+	if err := restoreBackup(cfg.DataDir, cfg.masterKeyFile(), data, []byte(passphrase)); err != nil {
+		return err
+	}
+	fmt.Printf("restored into %s: start the server there\n", cfg.DataDir)
+	return nil
+}
+
+// readPassphrase reads a passphrase from a file, without its final
+// newline; an empty one is refused.
+func readPassphrase(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	p := strings.TrimRight(string(b), "\r\n")
+	if p == "" {
+		return "", fmt.Errorf("%s holds no passphrase", path)
+	}
+	return p, nil
 }
 
 func cmdSecretAttach(env *cliEnv, fs *flag.FlagSet, args []string) error {
