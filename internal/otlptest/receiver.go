@@ -49,7 +49,7 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	headers := map[string]string{}
 	for k := range r.Header {
-		headers[strings.ToLower(k)] = r.Header.Get(k)
+		headers[strings.ToLower(k)] = r.Header.Get(k) // not a name: a header's, as gRPC metadata spells it
 	}
 	var reply proto.Message
 	switch r.URL.Path {
