@@ -171,7 +171,7 @@ func (v *Vault) appToken(ctx context.Context, name string, e *secretEntry, key [
 	if client == nil {
 		return appToken{}, errors.New("vault: no client to mint GitHub App tokens with (SetTokenClient)")
 	}
-	value, err := open(key, e.ad, e.stored.Sealed)
+	value, _, err := v.valueOf(key, e)
 	if err != nil {
 		return appToken{}, fmt.Errorf("vault: secret %q: %w", name, err)
 	}

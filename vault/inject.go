@@ -69,7 +69,7 @@ func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error)
 			used = append(used, a.Secret)
 			continue
 		}
-		value, err := open(key, e.ad, e.stored.Sealed)
+		value, _, err := v.valueOf(key, e)
 		if err != nil {
 			return used, err
 		}
@@ -195,7 +195,7 @@ func (v *Vault) FillBody(agent, host, path string, body []byte) ([]byte, []strin
 		if e == nil || e.rule.Mode != Refresh || !e.rule.matches(h, path) || !bytes.Contains(body, []byte(a.Placeholder)) {
 			continue
 		}
-		value, err := open(key, e.ad, e.stored.Sealed)
+		value, _, err := v.valueOf(key, e)
 		if err != nil {
 			return body, used, err
 		}
@@ -230,10 +230,13 @@ func (v *Vault) Replace(name string, value []byte) error {
 	if e == nil {
 		return noSecret(name)
 	}
+	if e.src != nil {
+		return fmt.Errorf("vault: secret %q takes its value from its source, not Replace", name)
+	}
 	if err := e.rule.checkValue(string(value)); err != nil {
 		return fmt.Errorf("vault: secret %q: %w", name, err)
 	}
-	return v.setLocked(cur, Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, e.rule, value)
+	return v.setLocked(cur, Secret{Name: name, Owner: e.stored.Owner, Rule: e.stored.Rule}, e.rule, value, nil)
 }
 
 // Covers reports whether one of the agent's attachments has a rule that

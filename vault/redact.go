@@ -24,6 +24,7 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 	var key strings.Builder
 	var covering []Attachment
 	tokens := map[string]appToken{}
+	sourced := map[string][]byte{} // the values of secrets with a source, read once
 	for _, a := range cur.attach[agent] {
 		e := cur.secrets[a.Secret]
 		if e == nil || !e.rule.coversHost(h) {
@@ -35,6 +36,16 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 		key.WriteByte(0)
 		key.WriteString(a.Secret)
 		covering = append(covering, a)
+		if e.src != nil {
+			// A source's value changes: a redactor is for one value.
+			value, gen, err := v.valueOf(cur.key, e)
+			if err != nil {
+				return nil, err
+			}
+			defer clear(value)
+			sourced[a.Secret] = value
+			fmt.Fprintf(&key, "\x00%d", gen)
+		}
 		if e.rule.Mode == GitHubApp {
 			// The token the request will carry, minted now if need be:
 			// the redactor must know it before the response comes.
@@ -56,12 +67,15 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 	var pairs []redact.Pair
 	for _, a := range covering {
 		e := cur.secrets[a.Secret]
-		value, err := open(cur.key, e.ad, e.stored.Sealed)
-		if err != nil {
-			return nil, fmt.Errorf("vault: secret %q: %w", a.Secret, err)
+		value, ok := sourced[a.Secret]
+		if !ok {
+			var err error
+			if value, err = open(cur.key, e.ad, e.stored.Sealed); err != nil {
+				return nil, fmt.Errorf("vault: secret %q: %w", a.Secret, err)
+			}
+			defer clear(value)
 		}
 		pairs = append(pairs, valueForms(e.rule, string(value), a.Placeholder)...)
-		clear(value)
 		if tok, ok := tokens[a.Secret]; ok {
 			pairs = append(pairs, appTokenForms(h, tok, a.Placeholder)...)
 		}

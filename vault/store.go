@@ -138,6 +138,7 @@ type storedSecret struct {
 	Name    string    `json:"name"`
 	Owner   string    `json:"owner,omitempty"`
 	Rule    Rule      `json:"rule"`
+	Source  *Source   `json:"source,omitempty"`
 	Created time.Time `json:"created"`
 	Updated time.Time `json:"updated"`
 	Sealed  []byte    `json:"sealed"`
@@ -162,6 +163,11 @@ func recordAD(s *storedSecret) []byte {
 	b.WriteString(s.Name)
 	b.WriteByte(0)
 	b.Write(rule)
+	if s.Source != nil { // bound too; records without one keep their old form
+		source, _ := json.Marshal(s.Source)
+		b.WriteString("\x00source\x00")
+		b.Write(source)
+	}
 	return []byte(b.String())
 }
 

@@ -101,7 +101,7 @@ func (v *Vault) WebSocketSubstitution(agent, host string) (*redact.Replacer, err
 		if e == nil || e.rule.Mode != Inject || !e.rule.inWebSocket || !e.rule.coversHost(h) {
 			continue
 		}
-		value, err := open(cur.key, e.ad, e.stored.Sealed)
+		value, _, err := v.valueOf(cur.key, e)
 		if err != nil {
 			return nil, fmt.Errorf("vault: secret %q: %w", a.Secret, err)
 		}

@@ -23,6 +23,9 @@ type Secret struct {
 	Name  string `json:"name"`
 	Owner string `json:"owner,omitempty"` // who it belongs to, if anyone; part of its identity
 	Rule  Rule   `json:"rule"`
+	// Source, if set, is where the value comes from (SetSource): the
+	// vault keeps no value of its own.
+	Source *Source `json:"source,omitempty"`
 }
 
 // Info describes a stored secret: everything but its value.
@@ -102,6 +105,31 @@ type secretEntry struct {
 	stored storedSecret
 	rule   *compiledRule
 	ad     []byte
+	src    *sourceState // the value's source; nil: the sealed value
+}
+
+// sourceMarker is what a secret with a source has sealed in place of a
+// value, which the vault never holds.
+var sourceMarker = []byte("value from its source")
+
+// valueOf is the one place a secret's value is taken from: its source,
+// or its sealed value. The caller clears it after use. gen tells one
+// value of a source from the next (0 for a sealed value).
+func (v *Vault) valueOf(key []byte, e *secretEntry) (value []byte, gen uint64, err error) {
+	if e.src != nil {
+		value, gen, err = e.src.current(v.now())
+		if err != nil {
+			return nil, 0, fmt.Errorf("vault: secret %q: %w", e.stored.Name, err)
+		}
+		return value, gen, nil
+	}
+	value, err = open(key, e.ad, e.stored.Sealed)
+	return value, 0, err
+}
+
+// newSource is the state of a secret's source, checked against its rule.
+func (v *Vault) newSource(spec Source, rule *compiledRule) *sourceState {
+	return &sourceState{spec: spec, check: rule.checkValue, clock: v.now}
 }
 
 // Open loads the vault from st with the master key. Nothing stored yet is
@@ -133,7 +161,11 @@ func Open(st Storage, key []byte, cfg Config) (*Vault, error) {
 		if err != nil {
 			return nil, fmt.Errorf("vault: secret %q: %w", s.Name, err)
 		}
-		cur.secrets[s.Name] = &secretEntry{stored: s, rule: rule, ad: recordAD(&s)}
+		e := &secretEntry{stored: s, rule: rule, ad: recordAD(&s)}
+		if s.Source != nil {
+			e.src = v.newSource(*s.Source, rule)
+		}
+		cur.secrets[s.Name] = e
 	}
 	for _, a := range d.Attachments {
 		cur.attach[a.Agent] = append(cur.attach[a.Agent], Attachment(a))
@@ -167,6 +199,9 @@ func (v *Vault) Set(s Secret, value []byte) error {
 	if !validName.MatchString(s.Name) {
 		return fmt.Errorf("vault: invalid secret name %q (letters, digits, '.', '_', '-')", s.Name)
 	}
+	if s.Source != nil {
+		return errors.New("vault: a secret with a source is set with SetSource, without a value")
+	}
 	if len(value) == 0 {
 		return errors.New("vault: empty value")
 	}
@@ -179,14 +214,43 @@ func (v *Vault) Set(s Secret, value []byte) error {
 	}
 	v.writeMu.Lock()
 	defer v.writeMu.Unlock()
-	return v.setLocked(v.cur.Load(), s, rule, value)
+	return v.setLocked(v.cur.Load(), s, rule, value, nil)
+}
+
+// SetSource stores a secret whose value comes from s.Source, replacing
+// any secret of the same name. The source is read once first: one that
+// gives no value the rule can use now is an error, and nothing is
+// stored.
+func (v *Vault) SetSource(s Secret) error {
+	if !validName.MatchString(s.Name) {
+		return fmt.Errorf("vault: invalid secret name %q (letters, digits, '.', '_', '-')", s.Name)
+	}
+	if s.Source == nil {
+		return errors.New("vault: SetSource without a source")
+	}
+	if err := s.Source.check(); err != nil {
+		return fmt.Errorf("vault: secret %q: %w", s.Name, err)
+	}
+	rule, err := s.Rule.compile()
+	if err != nil {
+		return err
+	}
+	src := v.newSource(*s.Source, rule)
+	value, _, err := src.current(v.now())
+	if err != nil {
+		return fmt.Errorf("vault: secret %q: %w", s.Name, err)
+	}
+	clear(value)
+	v.writeMu.Lock()
+	defer v.writeMu.Unlock()
+	return v.setLocked(v.cur.Load(), s, rule, sourceMarker, src)
 }
 
 // setLocked stores a secret's value under its (compiled) rule; the caller
 // holds writeMu and read cur from the current state.
-func (v *Vault) setLocked(cur *state, s Secret, rule *compiledRule, value []byte) error {
+func (v *Vault) setLocked(cur *state, s Secret, rule *compiledRule, value []byte, src *sourceState) error {
 	now := v.now()
-	st := storedSecret{Name: s.Name, Owner: s.Owner, Rule: s.Rule, Created: now, Updated: now}
+	st := storedSecret{Name: s.Name, Owner: s.Owner, Rule: s.Rule, Source: s.Source, Created: now, Updated: now}
 	if old := cur.secrets[s.Name]; old != nil {
 		st.Created = old.stored.Created
 	}
@@ -196,7 +260,7 @@ func (v *Vault) setLocked(cur *state, s Secret, rule *compiledRule, value []byte
 		return err
 	}
 	secrets := maps.Clone(cur.secrets)
-	secrets[s.Name] = &secretEntry{stored: st, rule: rule, ad: ad}
+	secrets[s.Name] = &secretEntry{stored: st, rule: rule, ad: ad, src: src}
 	return v.commit(newState(cur.key, secrets, cur.attach))
 }
 
@@ -213,9 +277,14 @@ func (v *Vault) SetRule(name string, r Rule) error {
 	if old == nil {
 		return noSecret(name)
 	}
-	value, err := open(cur.key, old.ad, old.stored.Sealed)
+	sealed, err := open(cur.key, old.ad, old.stored.Sealed)
 	if err != nil {
 		return fmt.Errorf("vault: secret %q: %w", name, err)
+	}
+	defer clear(sealed)
+	value, _, err := v.valueOf(cur.key, old)
+	if err != nil {
+		return err
 	}
 	defer clear(value)
 	if err := rule.checkValue(string(value)); err != nil {
@@ -224,11 +293,15 @@ func (v *Vault) SetRule(name string, r Rule) error {
 	st := old.stored
 	st.Rule, st.Updated = r, v.now()
 	ad := recordAD(&st)
-	if st.Sealed, err = seal(cur.key, ad, value); err != nil {
+	if st.Sealed, err = seal(cur.key, ad, sealed); err != nil {
 		return err
 	}
+	var src *sourceState
+	if st.Source != nil {
+		src = v.newSource(*st.Source, rule) // checked against the new rule from now on
+	}
 	secrets := maps.Clone(cur.secrets)
-	secrets[name] = &secretEntry{stored: st, rule: rule, ad: ad}
+	secrets[name] = &secretEntry{stored: st, rule: rule, ad: ad, src: src}
 	return v.commit(newState(cur.key, secrets, cur.attach))
 }
 
@@ -292,7 +365,7 @@ func (v *Vault) Rotate(newKey []byte) error {
 		if err != nil {
 			return err
 		}
-		secrets[name] = &secretEntry{stored: st, rule: e.rule, ad: e.ad}
+		secrets[name] = &secretEntry{stored: st, rule: e.rule, ad: e.ad, src: e.src}
 	}
 	return v.commit(newState(slices.Clone(newKey), secrets, cur.attach))
 }
