@@ -435,8 +435,10 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	red, err := i.redactorFor(info.agent, canon)
 	if err != nil {
-		rec.Allowed, rec.Reason = false, ReasonRedactFailed
-		http.Error(cw, "egress: "+ReasonRedactFailed, http.StatusBadGateway)
+		// The vault's reason names a secret and why its value is not to
+		// be had (a source gone), never the value.
+		rec.Allowed, rec.Reason = false, ReasonRedactFailed+": "+err.Error()
+		http.Error(cw, "egress: "+rec.Reason, http.StatusBadGateway)
 		return
 	}
 	// Past this point everything the sandbox is sent, from a hook, the

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -54,6 +55,10 @@ type SecretPut struct {
 	Rule   *vault.Rule `json:"rule,omitempty"`
 	Owner  string      `json:"owner,omitempty"`
 	Value  string      `json:"value"` // write-only: never returned
+	// Source, instead of Value: where the gateway reads the value, a
+	// file or a command (vault.Source). A command's first word that is
+	// not a path is looked up in the gateway's PATH.
+	Source *vault.Source `json:"source,omitempty"`
 }
 
 // AttachRequest is the body of POST /v1/agents/{name}/secrets.
@@ -316,9 +321,25 @@ func (s *server) putSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, errors.New("a secret needs a preset or a rule"))
 		return
 	}
-	value := []byte(req.Value)
-	err := s.vault.Set(vault.Secret{Name: r.PathValue("name"), Owner: req.Owner, Rule: rule}, value)
-	clear(value)
+	var err error
+	if req.Source != nil {
+		if req.Value != "" {
+			writeError(w, http.StatusBadRequest, errors.New("give a value or a source, not both"))
+			return
+		}
+		src := *req.Source
+		if len(src.Command) > 0 && !strings.Contains(src.Command[0], "/") {
+			if src.Command[0], err = exec.LookPath(src.Command[0]); err != nil {
+				writeError(w, http.StatusBadRequest, fmt.Errorf("source command: %w", err))
+				return
+			}
+		}
+		err = s.vault.SetSource(vault.Secret{Name: r.PathValue("name"), Owner: req.Owner, Rule: rule, Source: &src})
+	} else {
+		value := []byte(req.Value)
+		err = s.vault.Set(vault.Secret{Name: r.PathValue("name"), Owner: req.Owner, Rule: rule}, value)
+		clear(value)
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)
 		return

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -68,8 +69,10 @@ func init() {
 				"--collapse N turns N or more sibling names into one *.parent entry (never *).\n" +
 				"--requests proposes request entries (method and path) for the hosts whose requests were seen;\n" +
 				"--collapse-ids then writes ID-like path segments (numbers, UUIDs, long tokens) as *."},
-		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... [--header NAME] [--template T] [--path P]... [--mode M] [--replace-in P]... [--body-type T]...) [--from-file FILE] [--owner OWNER]", run: cmdSecretPut,
-			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument.\n" +
+		{name: "secret put", synopsis: "NAME (--preset NAME | --host HOST... [--header NAME] [--template T] [--path P]... [--mode M] [--replace-in P]... [--body-type T]...) [--from-file FILE | --source-file FILE | --source-command CMD] [--owner OWNER]", run: cmdSecretPut,
+			help: "Store a secret and its injection rule; the value is read from stdin (or --from-file), never from an argument,\n" +
+				"or the gateway reads it itself: --source-file (again whenever the file changes) or --source-command (its output,\n" +
+				"again every --refresh); a failing source keeps its last value for --max-stale, then the secret is refused.\n" +
 				"--template is a Go template of the header's value: {{.Value}} is the secret, and base64 is available.\n" +
 				"Examples:\n" +
 				"  agenthold secret put github --preset github < token\n" +
@@ -77,7 +80,9 @@ func init() {
 				"  agenthold secret put git --host github.com --header Authorization --template 'Basic {{base64 (print \"x-access-token:\" .Value)}}' < token\n" +
 				"  agenthold secret put aws --preset aws <<< 'AKIA...:secret'     # the sandbox signs with the placeholder; the gateway re-signs\n" +
 				"  agenthold secret put app --preset github-app --from-file app.json  # installation tokens minted at the gateway\n" +
-				"  agenthold secret put bot --host api.telegram.org --replace-in path < token  # /bot<placeholder>/sendMessage"},
+				"  agenthold secret put bot --host api.telegram.org --replace-in path < token  # /bot<placeholder>/sendMessage\n" +
+				"  agenthold secret put gh --preset github --source-command 'gh auth token' --refresh 30m\n" +
+				"  agenthold secret put ci --preset github --source-file /var/run/secrets/ci/token      # a mounted Secret, followed"},
 		{name: "secret list", synopsis: "[--json]", run: cmdSecretList,
 			help: "List the secrets and their rules (never their values)."},
 		{name: "secret delete", synopsis: "NAME", run: cmdSecretDelete,
@@ -490,17 +495,38 @@ func cmdSecretPut(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	fs.Var(&bodyTypes, "body-type", "a media type whose bodies --replace-in body replaces in (repeatable): application/json")
 	fromFile := fs.String("from-file", "", "read the value from this file instead of stdin")
 	owner := fs.String("owner", "", "who the secret belongs to (informational)")
+	sourceFile := fs.String("source-file", "", "the gateway reads the value from this file whenever it changes (a mounted Kubernetes Secret), instead of storing one")
+	sourceCommand := fs.String("source-command", "", `the gateway runs this command (words split on spaces, no shell) and uses what it prints, instead of storing a value: "gh auth token"`)
+	refresh := fs.Duration("refresh", 0, "with --source-command: run it again once its value is this old (default 5m)")
+	timeout := fs.Duration("timeout", 0, "with --source-command: bound on one run (default 10s)")
+	maxStale := fs.Duration("max-stale", 0, "with a source: how long its last good value serves once it fails, before the secret is refused (default 15m)")
 	pos, err := parse(fs, args, 1)
 	if err != nil {
 		return err
 	}
 	req := SecretPut{Preset: *preset, Owner: *owner}
+	if *sourceFile != "" || *sourceCommand != "" {
+		src := vault.Source{File: *sourceFile, Command: strings.Fields(*sourceCommand), Refresh: *refresh, Timeout: *timeout, MaxStale: *maxStale}
+		if src.File != "" && !filepath.IsAbs(src.File) {
+			if src.File, err = filepath.Abs(src.File); err != nil {
+				return err
+			}
+		}
+		req.Source = &src
+	}
 	if *preset == "" {
 		if len(hosts) == 0 {
 			return usagef("secret put needs --preset, or --host (and --header, unless --replace-in names where the placeholder goes)")
 		}
 		r := vault.Rule{Hosts: hosts, Header: *header, Template: *tmpl, Paths: paths, Mode: vault.Mode(*mode), ReplaceIn: replaceIn, BodyTypes: bodyTypes}
 		req.Rule = &r
+	}
+	if req.Source != nil {
+		if err := env.client().do("PUT", "/v1/secrets/"+url.PathEscape(pos[0]), req, nil); err != nil {
+			return err
+		}
+		fmt.Printf("secret %s stored: its value comes from its source, read by the gateway\n", pos[0])
+		return nil
 	}
 	var in io.Reader = os.Stdin
 	if *fromFile != "" {
