@@ -3,7 +3,7 @@
 GO  ?= go
 BIN := bin/agenthold
 
-.PHONY: demo test deps build dev dev-down e2e e2e-console install
+.PHONY: demo test deps build dev dev-down e2e e2e-console install images
 
 # What the demo and the tests use from Debian, installed only if missing:
 # the kernel tests' tools, and the real clients of the e2e check's matrix
@@ -41,6 +41,7 @@ test: deps
 	$(GO) test -count=1 -timeout 5m -run '^(TestNoisyNeighbour|TestSpoofedDNSFlood)$$' -v ./examples/agenthold
 	cd examples/deploycheck && $(GO) test -count=1 ./...
 	cd examples/adopt && $(GO) test -count=1 ./...
+	cd examples/images && $(GO) test -count=1 -timeout 10m ./...
 	$(MAKE) e2e
 	$(MAKE) e2e-console
 
@@ -88,3 +89,13 @@ install:
 		install -D -m 0600 examples/agenthold/agenthold.example.yaml $(DESTDIR)/etc/agenthold/agenthold.yaml; \
 	fi
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+# The images the Kubernetes manifests name (ghcr.io/agenthold/{agenthold,
+# egress-sidecar,sandbox}:latest), as OCI image layouts in $(IMAGES_DIR):
+# static programs, no base image, reproducible (timestamps are the last
+# commit's time).
+IMAGES_DIR       ?= /tmp/agenthold-images
+IMAGES_PLATFORMS ?= linux/amd64,linux/arm64
+images:
+	cd examples/images && SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) \
+		$(GO) run . -out $(abspath $(IMAGES_DIR)) -version $(VERSION) -platform $(IMAGES_PLATFORMS) -go $(GO)
