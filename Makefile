@@ -45,33 +45,42 @@ test: deps
 	$(MAKE) e2e
 	$(MAKE) e2e-console
 
-# The seed's milestone check: start the dev stack, check it, stop it.
+# The seed's milestone check: start a dev stack of its own (a developer's
+# own `make dev` stack runs on untouched), check it, stop it.
 e2e: build
-	$(MAKE) dev
-	scripts/e2e/egress.sh; status=$$?; $(MAKE) dev-down; exit $$status
+	@state=/run/agenthold-dev/e2e-$$$$.json; \
+	$(MAKE) --no-print-directory dev DEV_STATE=$$state DEV_LOG=/tmp/agenthold-e2e.log || exit 1; \
+	AGENTHOLD_DEV_STATE=$$state scripts/e2e/egress.sh; status=$$?; \
+	$(MAKE) --no-print-directory dev-down DEV_STATE=$$state; exit $$status
 
 # The web console in headless Chromium (chromedp, a module of its own):
-# a dev stack, whose console listens on the gateway namespace's loopback,
-# and the check run in that namespace. Screenshots go to $(CONSOLE_SHOTS).
+# a dev stack of its own, whose console listens on the gateway namespace's
+# loopback, and the check run in that namespace. Screenshots go to
+# $(CONSOLE_SHOTS).
 CONSOLE_SHOTS ?= /tmp/agenthold-console-shots
 e2e-console: build
 	cd examples/consolecheck && $(GO) test -c -o $(CURDIR)/bin/consolecheck.test .
-	$(MAKE) dev
-	ns=$$(sed -n 's/.*"gateway_netns": *"\([^"]*\)".*/\1/p' /run/agenthold-dev/state.json); \
-	CONSOLE_SHOTS=$(CONSOLE_SHOTS) nsenter --net=/run/netns/$$ns ./bin/consolecheck.test -test.v -test.count=1; status=$$?; \
-	$(MAKE) dev-down; exit $$status
+	@state=/run/agenthold-dev/console-$$$$.json; \
+	$(MAKE) --no-print-directory dev DEV_STATE=$$state DEV_LOG=/tmp/agenthold-console.log || exit 1; \
+	ns=$$(sed -n 's/.*"gateway_netns": *"\([^"]*\)".*/\1/p' $$state); \
+	AGENTHOLD_DEV_STATE=$$state CONSOLE_SHOTS=$(CONSOLE_SHOTS) nsenter --net=/run/netns/$$ns ./bin/consolecheck.test -test.v -test.count=1; status=$$?; \
+	$(MAKE) --no-print-directory dev-down DEV_STATE=$$state; exit $$status
 
-# The dev stack: the demo's world and server, left running.
+# The dev stack: the demo's world and server, left running. Each state
+# file is a stack: `make dev DEV_STATE=/run/agenthold-dev/mine.json` runs
+# another beside the default one; `make dev` again restarts the same one.
+DEV_STATE ?= /run/agenthold-dev/state.json
+DEV_LOG   ?= /tmp/agenthold-dev.log
 dev: build
-	@./$(BIN) demo --down >/dev/null
-	@nohup ./$(BIN) demo --keep >/tmp/agenthold-dev.log 2>&1 &
-	@for i in $$(seq 1 300); do [ -f /run/agenthold-dev/state.json ] && break; sleep 0.1; done; \
-	if [ -f /run/agenthold-dev/state.json ]; then echo "dev stack up (log: /tmp/agenthold-dev.log); for the CLI:"; \
-		sed -n 's/.*"socket": *"\([^"]*\)".*/  export AGENTHOLD_SOCKET=\1/p' /run/agenthold-dev/state.json; \
-	else echo "dev stack did not come up:"; cat /tmp/agenthold-dev.log; exit 1; fi
+	@./$(BIN) demo --down --state $(DEV_STATE) >/dev/null
+	@nohup ./$(BIN) demo --keep --state $(DEV_STATE) >$(DEV_LOG) 2>&1 &
+	@for i in $$(seq 1 300); do [ -f $(DEV_STATE) ] && break; sleep 0.1; done; \
+	if [ -f $(DEV_STATE) ]; then echo "dev stack up (log: $(DEV_LOG)); for the CLI:"; \
+		sed -n 's/.*"socket": *"\([^"]*\)".*/  export AGENTHOLD_SOCKET=\1/p' $(DEV_STATE); \
+	else echo "dev stack did not come up:"; cat $(DEV_LOG); exit 1; fi
 
 dev-down: build
-	./$(BIN) demo --down
+	./$(BIN) demo --down --state $(DEV_STATE)
 
 # Install the gateway as a systemd service (as root): a static binary in
 # /usr/local/bin, the unit, and the example configuration unless there is

@@ -57,11 +57,12 @@ type world struct {
 func cmdDemo(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	keep := fs.Bool("keep", false, "leave the stack running (make dev) until --down")
 	down := fs.Bool("down", false, "tear down a stack left by --keep")
+	statePath := fs.String("state", devStateFile, "with --keep and --down: the stack's state file; each stack has its own, so that several can run")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
 	if *down {
-		return demoDown()
+		return demoDown(*statePath)
 	}
 	if err := netns.Available(); err != nil {
 		return fmt.Errorf("the demo builds network namespaces: run it as root on Linux (%v)", err)
@@ -72,7 +73,7 @@ func cmdDemo(_ *cliEnv, fs *flag.FlagSet, args []string) error {
 	}
 	defer w.teardown()
 	if *keep {
-		return w.serveDev()
+		return w.serveDev(*statePath)
 	}
 	fmt.Println("\nThe scripted session: real clients inside the sandboxes.")
 	failed := runSession(w)
@@ -294,27 +295,37 @@ func (w *world) tearDown() {
 	os.RemoveAll(w.dir)
 }
 
-// serveDev keeps the stack running for `make dev` until SIGTERM.
-func (w *world) serveDev() error {
+// serveDev keeps the stack running for `make dev` until SIGTERM, with
+// word of it in statePath. A stack already there is not touched: it is
+// an error.
+func (w *world) serveDev(statePath string) error {
 	state := DevState{PID: os.Getpid(), Socket: w.socket, DataDir: filepath.Join(w.dir, "data"), Binary: w.self, Gateway: w.gw.Name, Internet: w.inet.Name}
-	if err := os.MkdirAll(filepath.Dir(devStateFile), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(statePath), 0o755); err != nil {
 		return err
 	}
 	data, _ := json.MarshalIndent(state, "", "  ")
-	if err := os.WriteFile(devStateFile, data, 0o644); err != nil {
+	f, err := os.OpenFile(statePath, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("another dev stack has %s (stop it with `agenthold demo --down --state %s`, or give another --state): %w", statePath, statePath, err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return err
 	}
-	defer os.Remove(devStateFile)
-	fmt.Printf("dev stack up: AGENTHOLD_SOCKET=%s (state in %s); stop it with `agenthold demo --down`\n", w.socket, devStateFile)
+	defer os.Remove(statePath)
+	fmt.Printf("dev stack up: AGENTHOLD_SOCKET=%s (state in %s); stop it with `agenthold demo --down --state %s`\n", w.socket, statePath, statePath)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	<-ctx.Done()
 	return nil
 }
 
-// demoDown stops a stack left by --keep.
-func demoDown() error {
-	data, err := os.ReadFile(devStateFile)
+// demoDown stops the stack whose state is in statePath.
+func demoDown(statePath string) error {
+	data, err := os.ReadFile(statePath)
 	if errors.Is(err, os.ErrNotExist) {
 		fmt.Println("no dev stack is running")
 		return nil
@@ -324,7 +335,7 @@ func demoDown() error {
 	}
 	var st DevState
 	if err := json.Unmarshal(data, &st); err != nil {
-		return fmt.Errorf("%s: %w", devStateFile, err)
+		return fmt.Errorf("%s: %w", statePath, err)
 	}
 	p, err := os.FindProcess(st.PID)
 	if err == nil && p.Signal(syscall.SIGTERM) == nil {
@@ -335,7 +346,7 @@ func demoDown() error {
 			time.Sleep(100 * time.Millisecond) // waiting for another process to exit
 		}
 	}
-	os.Remove(devStateFile)
+	os.Remove(statePath)
 	fmt.Println("dev stack down")
 	return nil
 }

@@ -26,9 +26,18 @@ import (
 )
 
 const (
-	stateFile = "/run/agenthold-dev/state.json"
-	console   = "http://127.0.0.1:8088"
+	defaultStateFile = "/run/agenthold-dev/state.json"
+	console          = "http://127.0.0.1:8088"
 )
+
+// stateFile is the dev stack's (make dev's DEV_STATE), as
+// AGENTHOLD_DEV_STATE names it.
+func stateFile() string {
+	if s := os.Getenv("AGENTHOLD_DEV_STATE"); s != "" {
+		return s
+	}
+	return defaultStateFile
+}
 
 type devState struct {
 	Binary string `json:"binary"`
@@ -65,7 +74,7 @@ func (s *stack) shot(ctx context.Context, name string) {
 }
 
 func TestConsoleInABrowser(t *testing.T) {
-	data, err := os.ReadFile(stateFile)
+	data, err := os.ReadFile(stateFile())
 	if os.IsNotExist(err) {
 		t.Skip("no dev stack (make dev): make e2e-console starts one")
 	}

@@ -4,8 +4,8 @@
 # non-zero if any check fails, and prints the figures it measured.
 set -uo pipefail
 
-state=/run/agenthold-dev/state.json
-[ -f "$state" ] || { echo "no dev stack: run 'make dev' first"; exit 2; }
+state=${AGENTHOLD_DEV_STATE:-/run/agenthold-dev/state.json}
+[ -f "$state" ] || { echo "no dev stack at $state: run 'make dev' first"; exit 2; }
 field() { sed -n "s/.*\"$1\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" "$state"; }
 AH=$(field binary)
 export AGENTHOLD_SOCKET=$(field socket)
