@@ -5,12 +5,16 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -128,4 +132,43 @@ func TestBackupTampering(t *testing.T) {
 			assert.True(t, strings.HasSuffix(e.Name(), ".lock"), "case %d: %s restored from a bad backup", i, e.Name())
 		}
 	}
+}
+
+// TestBackupServesTheSameAfterRestore: a running gateway's backup (the
+// CLI's, under a passphrase) restored onto a fresh data directory, where
+// a new server serves the same agents, their placeholders and their
+// injected secrets.
+func TestBackupServesTheSameAfterRestore(t *testing.T) {
+	w := requireWorld(t)
+	data := filepath.Join(w.dir, "data")
+	passFile := filepath.Join(t.TempDir(), "pass")
+	require.NoError(t, os.WriteFile(passFile, []byte("a passphrase for the backup\n"), 0o600))
+	backup := filepath.Join(t.TempDir(), "agenthold.backup")
+	require.NoError(t, w.cli(io.Discard, "backup", backup, "--passphrase-file", passFile))
+	envBefore, err := w.inSandbox("alice", "env")
+	require.NoError(t, err)
+
+	// The gateway stops (its namespaces and homes go with it), and its
+	// data directory goes too: a new machine.
+	require.NoError(t, w.server.Process.Signal(syscall.SIGTERM))
+	w.server.Wait()
+	require.NoError(t, os.Rename(data, data+".lost"))
+	cfgPath := filepath.Join(w.dir, "agenthold.yaml")
+	cmd := exec.Command(w.self, "restore", backup, "--config", cfgPath, "--passphrase-file", passFile)
+	cmd.Env = w.env()
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "restore: %s", out)
+	require.NoError(t, w.startServer())
+
+	var list strings.Builder
+	require.NoError(t, w.cli(&list, "agent", "list"))
+	assert.Contains(t, list.String(), "alice")
+	assert.Contains(t, list.String(), "bob")
+	envAfter, err := w.inSandbox("alice", "env")
+	require.NoError(t, err)
+	placeholder := regexp.MustCompile(`ANTHROPIC_API_KEY=\S+`)
+	assert.Equal(t, placeholder.FindString(envBefore), placeholder.FindString(envAfter), "alice's placeholder")
+	answer, err := w.inSandbox("alice", `curl -sS -N https://api.anthropic.com/v1/messages -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}'`)
+	assert.NoError(t, err, "%s", answer)
+	assert.Contains(t, answer, "message_stop", "alice's secret injected after the restore")
 }
