@@ -23,6 +23,7 @@ import (
 	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/internal/httpmeter"
+	"github.com/agenthold/egress/internal/redact"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
 )
@@ -435,10 +436,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	red, err := i.redactorFor(info.agent, canon)
 	if err != nil {
-		// The vault's reason names a secret and why its value is not to
-		// be had (a source gone), never the value.
+		// Why is the operator's to read (a secret's source gone, a
+		// token endpoint's error, which may name parts of a secret); the
+		// sandbox is told only that.
 		rec.Allowed, rec.Reason = false, ReasonRedactFailed+": "+err.Error()
-		http.Error(cw, "egress: "+rec.Reason, http.StatusBadGateway)
+		http.Error(cw, "egress: "+ReasonRedactFailed, http.StatusBadGateway)
 		return
 	}
 	// Past this point everything the sandbox is sent, from a hook, the
@@ -457,7 +459,9 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	st := &reqState{info: info, pol: pol, host: canon, redact: red}
 	if ws, ok := i.Injector.(WebSocketSubstituter); ok && red != nil && httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "websocket") {
-		if st.wsSub, err = ws.WebSocketSubstitution(info.agent, canon); err != nil {
+		if st.wsSub, err = ws.WebSocketSubstitution(info.agent, canon); err != nil || !red.CoversReplacements(st.wsSub) {
+			// A value the redactor does not know (its source changed
+			// since) would come back unredacted in an echoed frame.
 			rec.Allowed, rec.Reason = false, ReasonInjectFailed
 			http.Error(out, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
 			return
@@ -502,6 +506,12 @@ func (i *Interceptor) rewrite(pr *httputil.ProxyRequest) {
 	}
 	// Last, for an injector that signs the request (AWS SigV4).
 	if i.Injector != nil {
+		// The answer's redactor goes with the request, so that a value
+		// it would not redact (a secret's source changed since it was
+		// made) is refused, not sent.
+		if st.redact != nil {
+			pr.Out = pr.Out.WithContext(redact.WithReplacer(pr.Out.Context(), st.redact))
+		}
 		st.secrets, st.injectErr = i.Injector.Inject(st.info.agent, pr.Out)
 	}
 }

@@ -8,7 +8,8 @@
 // or a rule edited to send it elsewhere, no longer opens. The file as a
 // whole is authenticated too, and written atomically. Values are
 // write-only through every method: set, rotate, delete, list names and
-// rules. Only Inject opens a value, at the moment it fills a request.
+// rules. Only Inject (and, to know what to redact, Redactor) opens a
+// value, at the moment it fills a request.
 //
 // Attaching a secret to an agent yields a placeholder for the sandbox's
 // environment ("<prefix>-placeholder-<random>"). Inject replaces it, and
@@ -43,6 +44,19 @@
 // …", "Basic …"). mitm applies it to headers, bodies, trailers and
 // WebSocket frames, so that a host that echoes what it was sent shows the
 // sandbox its placeholder.
+//
+// A secret set with SetSource keeps no value: its Source, a file read
+// again when it changes or a command the gateway runs, gives it, and the
+// vault holds it in memory only. Every use of a value, stored or
+// sourced, goes through one place (valueOf). A source's value that
+// changed after the answer's redactor was made is refused, not injected:
+// mitm puts the redactor in the request's context for that. A failing
+// source keeps its last value for MaxStale, then refuses with its
+// reason, which never holds what it printed.
+//
+// RotateKeyFile re-seals the vault under a new key in its key file so
+// that a crash at any step leaves a vault that opens (RecoverKeyFile runs
+// at the next start).
 //
 // A file that fails to open names itself and, where it can, the record
 // that failed; a wrong master key is told apart from a modified file.

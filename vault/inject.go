@@ -70,7 +70,11 @@ func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error)
 			continue
 		}
 		value, _, err := v.valueOf(key, e)
+		if err == nil && e.src != nil {
+			err = sourceValueRedacted(r.Context(), e.rule, string(value))
+		}
 		if err != nil {
+			clear(value)
 			return used, err
 		}
 		var applied bool

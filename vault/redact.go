@@ -21,7 +21,10 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 		return nil, nil // no rule names an invalid host
 	}
 	cur := v.cur.Load()
-	var key strings.Builder
+	// The cache keeps one redactor per agent, host and covering secrets
+	// (app tokens render per host), replaced when what it was made for
+	// changes: a source's value, an app token.
+	var key, version strings.Builder
 	var covering []Attachment
 	tokens := map[string]appToken{}
 	sourced := map[string][]byte{} // the values of secrets with a source, read once
@@ -32,19 +35,20 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 		}
 		if key.Len() == 0 {
 			key.WriteString(agent)
+			key.WriteByte(0)
+			key.WriteString(h)
 		}
 		key.WriteByte(0)
 		key.WriteString(a.Secret)
 		covering = append(covering, a)
 		if e.src != nil {
-			// A source's value changes: a redactor is for one value.
 			value, gen, err := v.valueOf(cur.key, e)
 			if err != nil {
 				return nil, err
 			}
 			defer clear(value)
 			sourced[a.Secret] = value
-			fmt.Fprintf(&key, "\x00%d", gen)
+			fmt.Fprintf(&version, "%s=%d\x00", a.Secret, gen)
 		}
 		if e.rule.Mode == GitHubApp {
 			// The token the request will carry, minted now if need be:
@@ -54,15 +58,14 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 				return nil, err
 			}
 			tokens[a.Secret] = tok
-			key.WriteByte(0)
-			key.WriteString(tok.token)
+			fmt.Fprintf(&version, "%s=%s\x00", a.Secret, tok.token)
 		}
 	}
 	if len(covering) == 0 {
 		return nil, nil
 	}
-	if r, ok := cur.redactors.Load(key.String()); ok {
-		return r.(*redact.Replacer), nil
+	if c, ok := cur.redactors.Load(key.String()); ok && c.(cachedRedactor).version == version.String() {
+		return c.(cachedRedactor).r, nil
 	}
 	var pairs []redact.Pair
 	for _, a := range covering {
@@ -81,8 +84,14 @@ func (v *Vault) Redactor(agent, host string) (*redact.Replacer, error) {
 		}
 	}
 	r := redact.New(pairs)
-	cur.redactors.Store(key.String(), r)
+	cur.redactors.Store(key.String(), cachedRedactor{version: version.String(), r: r})
 	return r, nil
+}
+
+// cachedRedactor is a redactor and what it was made for.
+type cachedRedactor struct {
+	version string
+	r       *redact.Replacer
 }
 
 // valueForms are the pairs that replace a value with its placeholder: the

@@ -1,6 +1,7 @@
 package vault
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -17,8 +18,17 @@ import (
 // short between the last two steps and drops one cut short before. After
 // it, the old key opens nothing.
 func RotateKeyFile(v *Vault, path string) error {
+	v.rotateMu.Lock()
+	defer v.rotateMu.Unlock()
 	next := path + ".next"
-	if err := os.Remove(next); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if left, err := readKeyFile(next); err == nil && bytes.Equal(left, v.Key()) {
+		// A rotation whose last rename failed: that file holds the key
+		// the vault is sealed under; it goes into place first.
+		if err := os.Rename(next, path); err != nil {
+			return fmt.Errorf("vault: finish an earlier rotation: %w", err)
+		}
+		syncDir(filepath.Dir(path))
+	} else if err := os.Remove(next); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("vault: a rotation's leftover key: %w", err)
 	}
 	key, err := NewKey()
@@ -52,18 +62,19 @@ func RotateKeyFile(v *Vault, path string) error {
 // removed. Without such a file it does nothing.
 func RecoverKeyFile(st Storage, path string) error {
 	next := path + ".next"
-	nextKey, err := readKeyFile(next)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Lstat(next); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	if key, err := readKeyFile(path); err == nil && opens(st, key) {
+		// Cut short before the vault was re-sealed: the new key, whole
+		// or torn by the crash, is not needed.
+		return os.Remove(next)
+	}
+	nextKey, err := readKeyFile(next)
 	if err != nil {
 		return err
 	}
 	defer clear(nextKey)
-	key, err := readKeyFile(path)
-	if err == nil && opens(st, key) {
-		return os.Remove(next) // cut short before the vault was re-sealed
-	}
 	if !opens(st, nextKey) {
 		return fmt.Errorf("vault: neither %s nor %s opens %s", path, next, storageName(st))
 	}

@@ -117,3 +117,49 @@ func assertSecret(t *testing.T, st Storage, key []byte, name, value string) {
 func hostRule(name string) Rule {
 	return Rule{Hosts: []string{name + ".example"}, Header: "Authorization", Template: "Bearer {{.Value}}"}
 }
+
+// TestRecoverTornNextKey: a crash while the new key was being written
+// leaves a torn key file beside a key that still opens the vault: the
+// next start drops it and opens.
+func TestRecoverTornNextKey(t *testing.T) {
+	dir := t.TempDir()
+	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
+	key, err := LoadKeyFile(keyPath)
+	require.NoError(t, err)
+	v, err := Open(st, key, Config{})
+	require.NoError(t, err)
+	require.NoError(t, v.Set(Secret{Name: "one", Rule: hostRule("one")}, []byte("sk-one")))
+	require.NoError(t, os.WriteFile(keyPath+".next", nil, 0o600))
+	require.NoError(t, RecoverKeyFile(st, keyPath))
+	assertSecret(t, st, key, "one", "sk-one")
+	_, err = os.Stat(keyPath + ".next")
+	assert.True(t, os.IsNotExist(err))
+}
+
+// TestRotateFinishesAnEarlierRotation: a leftover key file that holds
+// the key the vault is sealed under (an earlier rotation's rename
+// failed) is put in place, never deleted, before the next rotation.
+func TestRotateFinishesAnEarlierRotation(t *testing.T) {
+	dir := t.TempDir()
+	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
+	old, err := LoadKeyFile(keyPath)
+	require.NoError(t, err)
+	v, err := Open(st, old, Config{})
+	require.NoError(t, err)
+	require.NoError(t, v.Set(Secret{Name: "one", Rule: hostRule("one")}, []byte("sk-one")))
+	sealedUnder, _ := NewKey()
+	require.NoError(t, v.Rotate(sealedUnder))
+	require.NoError(t, writeKeyFile(keyPath+".next", sealedUnder)) // the rename that failed
+	rotationStep = func(step int) {
+		if step == 1 {
+			k, err := readKeyFile(keyPath)
+			require.NoError(t, err)
+			assert.Equal(t, sealedUnder, k, "the earlier rotation's key was not put in place first")
+		}
+	}
+	t.Cleanup(func() { rotationStep = func(int) {} })
+	require.NoError(t, RotateKeyFile(v, keyPath))
+	key, err := LoadKeyFile(keyPath)
+	require.NoError(t, err)
+	assertSecret(t, st, key, "one", "sk-one")
+}

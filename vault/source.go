@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/agenthold/egress/internal/redact"
 )
 
 // Source is where a secret's value comes from when the vault does not
@@ -49,6 +51,8 @@ const (
 	maxSourceValue = 64 << 10
 	// fileCheckEvery is how often a file source is looked at for a change.
 	fileCheckEvery = time.Second
+	// sourceRetry bounds how soon a failed command runs again.
+	sourceRetry = 10 * time.Second
 )
 
 func (s *Source) check() error {
@@ -84,6 +88,7 @@ type sourceState struct {
 	good       time.Time // when the source last gave (or, a file, confirmed) the value
 	failure    error     // why the source last failed, if it did since
 	failedAt   time.Time
+	retryAt    time.Time   // a command that failed runs again no sooner
 	looked     time.Time   // a file's last look
 	fileID     fileVersion // and what it saw
 	refreshing bool        // a command is running in the background
@@ -106,10 +111,10 @@ func (s *sourceState) current(now time.Time) ([]byte, uint64, error) {
 		if s.value == nil || now.Sub(s.looked) >= fileCheckEvery {
 			s.lookAtFile(now)
 		}
-	} else if s.value == nil {
+	} else if s.value == nil && !now.Before(s.retryAt) {
 		value, err := s.runCommand()
 		s.took(value, err, now)
-	} else if now.Sub(s.good) >= orDuration(s.spec.Refresh, DefaultSourceRefresh) && !s.refreshing {
+	} else if s.value != nil && now.Sub(s.good) >= orDuration(s.spec.Refresh, DefaultSourceRefresh) && !now.Before(s.retryAt) && !s.refreshing {
 		s.refreshing = true
 		go s.refresh()
 	}
@@ -132,6 +137,9 @@ func (s *sourceState) took(value []byte, err error, now time.Time) {
 			s.failedAt = now
 		}
 		s.failure = err
+		// A failing command runs again no sooner than this, however
+		// many requests need it meanwhile.
+		s.retryAt = now.Add(min(orDuration(s.spec.Refresh, DefaultSourceRefresh), sourceRetry))
 		clear(value)
 		return
 	}
@@ -150,15 +158,16 @@ func (s *sourceState) lookAtFile(now time.Time) {
 	s.looked = now
 	fi, err := os.Stat(s.spec.File)
 	if err != nil {
-		s.took(nil, fmt.Errorf("source file: %w", errors.Unwrap(err)), now)
+		s.took(nil, fmt.Errorf("source file: %w", unwrapPath(err)), now)
 		return
 	}
-	id := fileVersion{size: fi.Size(), mtime: fi.ModTime()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.ino = int64(st.Ino)
-	}
+	id := fileVersion{ino: inode(fi), size: fi.Size(), mtime: fi.ModTime()}
 	if s.value != nil && id == s.fileID {
 		s.good, s.failure = now, nil
+		return
+	}
+	if err := trustedFile(s.spec.File); err != nil {
+		s.took(nil, err, now)
 		return
 	}
 	value, err := readValue(s.spec.File)
@@ -173,7 +182,7 @@ func (s *sourceState) lookAtFile(now time.Time) {
 func readValue(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("source file: %w", errors.Unwrap(err))
+		return nil, fmt.Errorf("source file: %w", unwrapPath(err))
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxSourceValue+1))
@@ -204,6 +213,7 @@ func (s *sourceState) runCommand() ([]byte, error) {
 	cmd := exec.CommandContext(ctx, s.spec.Command[0], s.spec.Command[1:]...)
 	cmd.Stdout, cmd.Stderr, cmd.Env = &out, io.Discard, os.Environ()
 	cmd.WaitDelay = time.Second
+	ownProcessGroup(cmd) // at its timeout, what it started is killed too
 	err := cmd.Run()
 	switch {
 	case ctx.Err() != nil:
@@ -215,7 +225,7 @@ func (s *sourceState) runCommand() ([]byte, error) {
 		if errors.As(err, &exit) {
 			return nil, fmt.Errorf("source command %s: %s", filepath.Base(s.spec.Command[0]), exit.ProcessState)
 		}
-		return nil, fmt.Errorf("source command %s: %w", filepath.Base(s.spec.Command[0]), errors.Unwrap(err))
+		return nil, fmt.Errorf("source command %s: %w", filepath.Base(s.spec.Command[0]), unwrapPath(err))
 	case out.over:
 		clear(out.b)
 		return nil, fmt.Errorf("source command %s: printed over %d bytes", filepath.Base(s.spec.Command[0]), maxSourceValue)
@@ -246,4 +256,40 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	l.b = append(l.b, p...)
 	return len(p), nil
+}
+
+// sourceValueRedacted refuses a source's value that the redactor of the
+// request's answer (redact.WithReplacer on its context) does not redact:
+// the value changed between the two, the redactor being made first, and
+// the answer could echo it. A request without a redactor is not checked:
+// nothing of its answer is redacted.
+func sourceValueRedacted(ctx context.Context, rule *compiledRule, value string) error {
+	red := redact.ReplacerFrom(ctx)
+	if red == nil {
+		return nil
+	}
+	parts := []string{value}
+	if rule.Mode == AWSSigV4 {
+		if creds, err := parseAWSValue(value); err == nil {
+			parts = []string{creds.AccessKeyID, creds.SecretAccessKey}
+			if creds.SessionToken != "" {
+				parts = append(parts, creds.SessionToken)
+			}
+		}
+	}
+	for _, part := range parts {
+		if !red.Covers(part) {
+			return &RefusedError{Reason: "a secret's value changed while the request was prepared; send it again"}
+		}
+	}
+	return nil
+}
+
+// unwrapPath is a path error's cause without its path, or err.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }

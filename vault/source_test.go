@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/internal/redact"
 )
 
 // clock is a vault's time, moved by the test.
@@ -192,4 +194,83 @@ func TestSourcePersists(t *testing.T) {
 	require.NoError(t, os.WriteFile(st.Path, []byte(edited), 0o600))
 	_, err = Open(st, testKey(1), Config{})
 	assert.Error(t, err, "a source moved to another file by editing the vault")
+}
+
+// TestSourceChangeNeverUnredacted: a source's value that changed after
+// the answer's redactor was made is refused, not sent: the answer would
+// echo it unredacted. Sent again, the request is redacted with the new
+// value.
+func TestSourceChangeNeverUnredacted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "token")
+	writeSecretFile(t, path, "tok-before")
+	v, c, ph := sourcedVault(t, Source{File: path})
+	red, err := v.Redactor("a1", "api.example")
+	require.NoError(t, err)
+	writeSecretFile(t, path, "tok-after")
+	c.Add(2 * fileCheckEvery)
+	req := newRequest(t, "https://api.example/", nil)
+	req.Header.Set("Authorization", "Bearer "+ph)
+	req = req.WithContext(redact.WithReplacer(req.Context(), red))
+	_, err = v.Inject("a1", req)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused, "a value the answer's redactor does not know was injected")
+	assert.NotContains(t, req.Header.Get("Authorization"), "tok-after")
+
+	red, err = v.Redactor("a1", "api.example")
+	require.NoError(t, err)
+	req = newRequest(t, "https://api.example/", nil)
+	req.Header.Set("Authorization", "Bearer "+ph)
+	req = req.WithContext(redact.WithReplacer(req.Context(), red))
+	_, err = v.Inject("a1", req)
+	require.NoError(t, err)
+	assert.Equal(t, "Bearer tok-after", req.Header.Get("Authorization"))
+	assert.Equal(t, "echo "+ph, red.String("echo tok-after"))
+}
+
+// TestFailingCommandBacksOff: a command that fails is not run again for
+// every request that needs it: at most once per sourceRetry.
+func TestFailingCommandBacksOff(t *testing.T) {
+	dir := t.TempDir()
+	script, runs := filepath.Join(dir, "fail.sh"), filepath.Join(dir, "runs")
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\necho run >> \""+runs+"\"\n[ -f \""+dir+"/ok\" ] && { echo tok-ok; exit 0; }\nexit 1\n"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "ok"), nil, 0o600))
+	v, c, ph := sourcedVault(t, Source{Command: []string{script}, Refresh: time.Hour})
+	require.NoError(t, os.Remove(filepath.Join(dir, "ok")))
+	// A vault opened again has no value yet: each request would run it.
+	v2, err := Open(v.store, testKey(1), Config{Now: c.Now})
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(runs))
+	for range 20 {
+		_, err := injected(t, v2, ph)
+		assert.Error(t, err)
+	}
+	data, _ := os.ReadFile(runs)
+	assert.Equal(t, 1, strings.Count(string(data), "run"), "a failing command ran for every request")
+	c.Add(sourceRetry)
+	injected(t, v2, ph)
+	data, _ = os.ReadFile(runs)
+	assert.Equal(t, 2, strings.Count(string(data), "run"), "run again after sourceRetry")
+}
+
+// TestSourceFileOthersCouldWrite: a file another user owns, or one in a
+// directory others may write (where an agent could swap it for a link to
+// the master key), is refused.
+func TestSourceFileOthersCouldWrite(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to make a file another user owns")
+	}
+	open := filepath.Join(t.TempDir(), "open")
+	require.NoError(t, os.Mkdir(open, 0o777))
+	require.NoError(t, os.Chmod(open, 0o777))
+	inOpen := filepath.Join(open, "token")
+	require.NoError(t, os.WriteFile(inOpen, []byte("tok"), 0o600))
+	owned := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(owned, []byte("tok"), 0o600))
+	require.NoError(t, os.Chown(owned, 4242, 4242))
+	v, err := Open(&MemoryStorage{}, testKey(1), Config{})
+	require.NoError(t, err)
+	for _, path := range []string{inOpen, owned} {
+		err := v.SetSource(Secret{Name: "tok", Rule: hostRule("api"), Source: &Source{File: path}})
+		assert.ErrorContains(t, err, "another user could change the value", path)
+	}
 }

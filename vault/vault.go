@@ -70,9 +70,12 @@ type Vault struct {
 	store Storage
 
 	writeMu sync.Mutex // serialises writers, across their read, store and publish
-	cur     atomic.Pointer[state]
-	apps    appTokens      // GitHub App installation tokens, by secret
-	buffers budget.Counter // request bodies read whole, by agent
+	// rotateMu serialises RotateKeyFile, whose steps span more than one
+	// writer's turn.
+	rotateMu sync.Mutex
+	cur      atomic.Pointer[state]
+	apps     appTokens      // GitHub App installation tokens, by secret
+	buffers  budget.Counter // request bodies read whole, by agent
 }
 
 // state is one immutable version of the vault: a writer builds a new one
@@ -82,7 +85,7 @@ type state struct {
 	key       []byte
 	secrets   map[string]*secretEntry
 	attach    map[string][]Attachment // by agent, sorted by secret
-	redactors sync.Map                // agent and covering secrets -> *redact.Replacer
+	redactors sync.Map                // agent, host and covering secrets -> cachedRedactor
 }
 
 func newState(key []byte, secrets map[string]*secretEntry, attach map[string][]Attachment) *state {

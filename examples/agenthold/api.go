@@ -364,6 +364,8 @@ func (s *server) rotateMasterKey(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusConflict, fmt.Errorf("the master key comes from %s: rotate it where it is kept, then restart with the new one", masterKeyEnv))
 		return
 	}
+	s.mu.Lock() // not in the middle of a backup
+	defer s.mu.Unlock()
 	if err := vault.RotateKeyFile(s.vault, s.cfg.masterKeyFile()); err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return

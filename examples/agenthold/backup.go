@@ -72,8 +72,10 @@ func backupKey(h backupHeader, master, passphrase []byte) ([]byte, error) {
 		if len(passphrase) == 0 {
 			return nil, errors.New("backup: sealed under a passphrase: give it (--passphrase-file)")
 		}
-		if h.N > 1<<20 || h.R > 32 || h.P > 16 { // a crafted header must not cost unbounded memory
-			return nil, fmt.Errorf("backup: scrypt parameters out of bounds (N=%d r=%d p=%d)", h.N, h.R, h.P)
+		// Only what this version writes: the header is read before it is
+		// authenticated, and a crafted one must not cost gigabytes.
+		if h.N != scryptN || h.R != scryptR || h.P != scryptP || len(h.Salt) != 16 {
+			return nil, fmt.Errorf("backup: scrypt parameters this version does not write (N=%d r=%d p=%d)", h.N, h.R, h.P)
 		}
 		return scrypt.Key(passphrase, h.Salt, h.N, h.R, h.P, chacha20poly1305.KeySize)
 	}
@@ -180,7 +182,10 @@ func openBackup(data, master, passphrase []byte) (map[string][]byte, error) {
 		if hdr.Name != masterKeyEntry && !slices.Contains(backupFiles, hdr.Name) {
 			return nil, fmt.Errorf("backup: unexpected entry %q", hdr.Name)
 		}
-		if files[hdr.Name], err = io.ReadAll(io.LimitReader(tr, 64<<20)); err != nil {
+		if hdr.Size > 64<<20 {
+			return nil, fmt.Errorf("backup: entry %q is over 64 MiB", hdr.Name)
+		}
+		if files[hdr.Name], err = io.ReadAll(tr); err != nil {
 			return nil, fmt.Errorf("backup: damaged archive: %w", err)
 		}
 	}
@@ -242,9 +247,10 @@ func restoreBackup(dataDir, keyPath string, data, passphrase []byte) error {
 	return nil
 }
 
-// serveBackup answers POST /v1/backup ({"passphrase": ...} or {}) with a backup of the state as it
-// is between two changes: agent changes wait meanwhile, and the vault
-// and agents files are each replaced whole on every change.
+// serveBackup answers POST /v1/backup ({"passphrase": ...} or {}) with
+// a backup of the state as it is between two changes: agent changes and
+// key rotations wait meanwhile, and the vault and agents files are each
+// replaced whole on every change.
 func (s *server) serveBackup(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Passphrase string `json:"passphrase"`
@@ -253,11 +259,13 @@ func (s *server) serveBackup(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	master := s.vault.Key()
-	defer clear(master)
+	// The key and the files are read together: a rotation (which holds
+	// s.mu too) cannot come between them.
 	s.mu.Lock()
+	master := s.vault.Key()
 	data, err := makeBackup(s.cfg.DataDir, master, []byte(req.Passphrase))
 	s.mu.Unlock()
+	clear(master)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, err)
 		return

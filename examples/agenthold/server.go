@@ -704,13 +704,20 @@ const drainTimeout = 10 * time.Second
 
 // writeFileAtomic replaces path with data, so that a reader sees the old
 // file or the new one, never a part.
+// The temporary file is new and randomly named (never a link another
+// user placed), and synced before it replaces path.
 func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
 		return err
 	}
-	if err := os.Chmod(tmp, mode); err != nil { // whatever the umask
-		return err
+	_, err = f.Write(data)
+	err = errors.Join(err, f.Chmod(mode), f.Sync(), f.Close()) // the mode whatever the umask
+	if err == nil {
+		err = os.Rename(f.Name(), path)
 	}
-	return os.Rename(tmp, path)
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
 }

@@ -6,6 +6,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -49,6 +53,13 @@ func (t telemetry) start(ctx context.Context, l *egresslog.Log, servers *lifecyc
 	if !t.logs && !t.traces && !t.metrics {
 		return nil
 	}
+	for signal, on := range map[string]bool{"LOGS": t.logs, "TRACES": t.traces, "METRICS": t.metrics} {
+		if on {
+			if err := t.checkEndpoint(signal); err != nil {
+				return err
+			}
+		}
+	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { logger.Warn("opentelemetry export", "err", err) }))
 	if t.logs {
 		sink, err := otlp.NewLogs(ctx, t.settings)
@@ -70,6 +81,31 @@ func (t telemetry) start(ctx context.Context, l *egresslog.Log, servers *lifecyc
 			return fmt.Errorf("--otlp metrics: %w", err)
 		}
 		servers.OnStop("opentelemetry metrics", func(context.Context) error { return m.Close() })
+	}
+	return nil
+}
+
+// checkEndpoint refuses a collector on the Pod's loopback, the SDK's
+// default among them: the sandbox shares that loopback, and could take
+// the port first and receive the records and the exporter's headers.
+func (t telemetry) checkEndpoint(signal string) error {
+	endpoint := t.settings.Endpoint
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_" + signal + "_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if endpoint == "" {
+			endpoint = os.Getenv(v)
+		}
+	}
+	if endpoint == "" {
+		return usageError{"--otlp needs --otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT): the default, localhost, is the Pod's loopback, which the sandbox shares"}
+	}
+	host := endpoint
+	if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
+		host = u.Hostname()
+	} else if h, _, err := net.SplitHostPort(endpoint); err == nil {
+		host = h
+	}
+	if ip, err := netip.ParseAddr(host); (err == nil && ip.IsLoopback()) || strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return usageError{fmt.Sprintf("--otlp: %s is on the Pod's loopback, which the sandbox shares: name the collector's Service", endpoint)}
 	}
 	return nil
 }
