@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -29,19 +30,30 @@ import (
 //     value: AKIA…:secret[:session-token]  # as its key ID, secret key and token
 //     placeholder: sbx-placeholder-…
 //
+// Instead of value, valueFile names a file the sidecar reads the value
+// from, again whenever it changes (a Kubernetes Secret mounted into the
+// sidecar alone), and valueCommand a command it runs for it (its output;
+// again every refresh, 5m by default); a source that fails keeps its last
+// value for maxStale (15m), then the entry's requests are refused
+// (vault.Source).
+//
 // Mode is inject (the default), aws-sigv4 or github-app (the value is the
 // App's JSON: app_id, installation_id, private_key), as vault's rules;
 // replaceIn and bodyTypes opt an inject entry into replacing its
 // placeholder in paths, bodies or WebSocket messages.
 type Credential struct {
-	Hosts       []string `yaml:"hosts"`
-	Header      string   `yaml:"header"`
-	Value       string   `yaml:"value"`
-	Placeholder string   `yaml:"placeholder"`
-	Paths       []string `yaml:"paths"`
-	Mode        string   `yaml:"mode"`
-	ReplaceIn   []string `yaml:"replaceIn"`
-	BodyTypes   []string `yaml:"bodyTypes"`
+	Hosts        []string      `yaml:"hosts"`
+	Header       string        `yaml:"header"`
+	Value        string        `yaml:"value"`
+	ValueFile    string        `yaml:"valueFile"`
+	ValueCommand []string      `yaml:"valueCommand"`
+	Refresh      time.Duration `yaml:"refresh"`
+	MaxStale     time.Duration `yaml:"maxStale"`
+	Placeholder  string        `yaml:"placeholder"`
+	Paths        []string      `yaml:"paths"`
+	Mode         string        `yaml:"mode"`
+	ReplaceIn    []string      `yaml:"replaceIn"`
+	BodyTypes    []string      `yaml:"bodyTypes"`
 }
 
 // rule is the vault rule of a credential.
@@ -54,6 +66,20 @@ func (c Credential) rule() vault.Rule {
 		}
 	}
 	return r
+}
+
+// store puts the credential in the vault as name: its value, or its
+// source.
+func (c Credential) store(v *vault.Vault, name string) error {
+	sourced := c.ValueFile != "" || len(c.ValueCommand) > 0
+	switch {
+	case sourced && c.Value != "":
+		return errors.New("give value, valueFile or valueCommand, one of them")
+	case sourced:
+		src := vault.Source{File: c.ValueFile, Command: c.ValueCommand, Refresh: c.Refresh, MaxStale: c.MaxStale}
+		return v.SetSource(vault.Secret{Name: name, Rule: c.rule(), Source: &src})
+	}
+	return v.Set(vault.Secret{Name: name, Rule: c.rule()}, []byte(c.Value))
 }
 
 // sandboxAgent is the one agent a sidecar serves.
@@ -98,7 +124,7 @@ func loadCredentials(path string) (*vault.Vault, int, error) {
 	clear(data)
 	for i, c := range creds {
 		name := "credential-" + strconv.Itoa(i)
-		if err := v.Set(vault.Secret{Name: name, Rule: c.rule()}, []byte(c.Value)); err != nil {
+		if err := c.store(v, name); err != nil {
 			return nil, 0, fmt.Errorf("credentials entry %d: %w", i, err)
 		}
 		if c.Placeholder != "" {

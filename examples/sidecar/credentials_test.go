@@ -48,3 +48,39 @@ func TestCredentialKinds(t *testing.T) {
 	assert.Equal(t, "/bot12345:REAL-bot-token/getMe", bot.URL.Path)
 	assert.Empty(t, bot.Header, "a path-only entry set a header")
 }
+
+// TestCredentialSources: an entry's value may come from a file the
+// sidecar reads (again when it changes) or a command it runs, never from
+// the credentials file; one with both a value and a source is refused.
+func TestCredentialSources(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	require.NoError(t, os.WriteFile(token, []byte("tok-from-file\n"), 0o600))
+	path := filepath.Join(dir, "credentials.yaml")
+	file := `- hosts: [api.example.com]
+  header: Authorization
+  valueFile: ` + token + `
+  placeholder: sbx-placeholder-file
+- hosts: [cmd.example.com]
+  header: Authorization
+  valueCommand: [/bin/echo, tok-from-command]
+  refresh: 30m
+  maxStale: 1h
+  placeholder: sbx-placeholder-cmd
+`
+	require.NoError(t, os.WriteFile(path, []byte(file), 0o600))
+	v, n, err := loadCredentials(path)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	for host, want := range map[string]string{"api.example.com": "tok-from-file", "cmd.example.com": "tok-from-command"} {
+		r, _ := http.NewRequest("GET", "https://"+host+"/", nil)
+		_, err := v.Inject(sandboxAgent, r)
+		require.NoError(t, err, host)
+		assert.Equal(t, want, r.Header.Get("Authorization"), host)
+	}
+
+	both := "- hosts: [api.example.com]\n  header: Authorization\n  value: x\n  valueFile: " + token + "\n"
+	require.NoError(t, os.WriteFile(path, []byte(both), 0o600))
+	_, _, err = loadCredentials(path)
+	assert.ErrorContains(t, err, "one of them")
+}
