@@ -46,6 +46,9 @@ var allowedDeps = map[string][]string{
 	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.
 	"tproxy/nftrules": {"github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
+	// The kernel path (a BPF sockmap): apart, Linux only, so that only its
+	// users link cilium/ebpf.
+	"tproxy/fastpath": {"github.com/cilium/ebpf"},
 	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd", module + "/internal/redact"},
 }
 

@@ -1,0 +1,184 @@
+//go:build linux
+
+package fastpath
+
+import (
+	"bytes"
+	"crypto/rand"
+	"io"
+	"net"
+	"os"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// pairUp connects a client to a proxy side (a) and the proxy to a server
+// (b), all on loopback, and returns client, a, b, server.
+func pairUp(t testing.TB) (client, a, b, server *net.TCPConn) {
+	proxyLn, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer proxyLn.Close()
+	serverLn, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer serverLn.Close()
+	client, err = net.DialTCP("tcp", nil, proxyLn.Addr().(*net.TCPAddr))
+	require.NoError(t, err)
+	a, err = proxyLn.AcceptTCP()
+	require.NoError(t, err)
+	b, err = net.DialTCP("tcp", nil, serverLn.Addr().(*net.TCPAddr))
+	require.NoError(t, err)
+	server, err = serverLn.AcceptTCP()
+	require.NoError(t, err)
+	for _, c := range []*net.TCPConn{client, a, b, server} {
+		t.Cleanup(func() { c.Close() })
+	}
+	return
+}
+
+func newPath(t testing.TB) *Path {
+	if os.Getuid() != 0 {
+		t.Skip("the kernel path needs root (CAP_BPF, CAP_NET_ADMIN)")
+	}
+	p, err := New(64)
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// TestBytesMoveInTheKernel: what the client sends reaches the server and
+// back, whole and in order, with nothing read by the proxy, and the
+// counts say how much went each way.
+func TestBytesMoveInTheKernel(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+
+	up := make([]byte, 4<<20)
+	rand.Read(up)
+	down := make([]byte, 1<<20)
+	rand.Read(down)
+	go func() { client.Write(up) }()
+	got := make([]byte, len(up))
+	server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadFull(server, got)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(up, got), "the server got other bytes")
+	go func() { server.Write(down) }()
+	got = make([]byte, len(down))
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadFull(client, got)
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(down, got), "the client got other bytes")
+	aToB, bToA := pr.Bytes()
+	assert.EqualValues(t, len(up), aToB)
+	assert.EqualValues(t, len(down), bToA)
+
+	// The end of the client's stream: the proxy side sees it.
+	require.NoError(t, client.CloseWrite())
+	a.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := a.Read(make([]byte, 16))
+	assert.Equal(t, 0, n)
+	assert.ErrorIs(t, err, io.EOF, "the proxy does not see the client's end")
+}
+
+// TestRunPassesEndsOn: each side's end of stream reaches the other after
+// every byte before it, and Run returns the counts; the same transfer
+// many times, so that an end that overtook its bytes would show.
+func TestRunPassesEndsOn(t *testing.T) {
+	p := newPath(t)
+	for round := range 20 {
+		client, a, b, server := pairUp(t)
+		written := []byte("first bytes the proxy read and sent itself\n")
+		_, err := b.Write(written)
+		require.NoError(t, err)
+		pr, err := p.Splice(a, b)
+		require.NoError(t, err)
+		type result struct {
+			up, down int64
+			err      error
+		}
+		done := make(chan result, 1)
+		go func() {
+			up, down, err := pr.Run(a, b)
+			done <- result{up, down, err}
+		}()
+		up := make([]byte, 256<<10+round)
+		rand.Read(up)
+		go func() { client.Write(up); client.CloseWrite() }()
+		got, err := io.ReadAll(server)
+		require.NoError(t, err, "round %d", round)
+		require.Equal(t, len(written)+len(up), len(got), "round %d: the end overtook bytes", round)
+		assert.True(t, bytes.Equal(up, got[len(written):]), "round %d", round)
+		server.Write([]byte("answer"))
+		server.CloseWrite()
+		back, err := io.ReadAll(client)
+		require.NoError(t, err)
+		assert.Equal(t, "answer", string(back))
+		r := <-done
+		require.NoError(t, r.err)
+		assert.EqualValues(t, len(up), r.up)
+		assert.EqualValues(t, len("answer"), r.down)
+		pr.Remove()
+	}
+}
+
+// BenchmarkBulk moves b.N bytes (at least 64 MiB) one way on loopback,
+// directly, through the kernel
+// path, and through a relay that splices (io.Copy between two TCP
+// connections), interleaved in rounds, and reports each rate and the
+// kernel path's ratio to direct and to the relay.
+func BenchmarkBulk(b *testing.B) {
+	p := newPath(b)
+	chunk := make([]byte, 256<<10)
+	send := func(client, server *net.TCPConn, n int) float64 {
+		done := make(chan struct{})
+		go func() {
+			io.CopyN(io.Discard, server, int64(n))
+			close(done)
+		}()
+		start := time.Now()
+		for sent := 0; sent < n; sent += len(chunk) {
+			client.Write(chunk[:min(len(chunk), n-sent)])
+		}
+		<-done
+		return float64(n) / time.Since(start).Seconds() / (1 << 20)
+	}
+	direct := func(n int) float64 {
+		_, _, bb, server := pairUp(b) // the proxy's upstream socket is a client of the server
+		return send(bb, server, n)
+	}
+	kernel := func(n int) float64 {
+		client, a, bb, server := pairUp(b)
+		pr, err := p.Splice(a, bb)
+		require.NoError(b, err)
+		defer pr.Remove()
+		return send(client, server, n)
+	}
+	relay := func(n int) float64 {
+		client, a, bb, server := pairUp(b)
+		go io.Copy(bb, a) // splices: both are *net.TCPConn
+		return send(client, server, n)
+	}
+	n := max(b.N, 64<<20)
+	var d, k, r []float64
+	for range 5 {
+		d, k, r = append(d, direct(n/5)), append(k, kernel(n/5)), append(r, relay(n/5))
+	}
+	b.ReportMetric(median(d), "direct-MiB/s")
+	b.ReportMetric(median(k), "kernel-MiB/s")
+	b.ReportMetric(median(r), "relay-MiB/s")
+	b.ReportMetric(median(k)/median(d), "kernel/direct")
+	b.ReportMetric(median(k)/median(r), "kernel/relay")
+}
+
+func median(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
