@@ -17,7 +17,7 @@ require (
 	github.com/google/nftables v0.3.0 // indirect
 	github.com/klauspost/compress v1.19.2 // indirect
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42 // indirect
-	github.com/mdlayher/socket v0.5.0 // indirect
+	github.com/mdlayher/socket v0.5.1 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/opencontainers/image-spec v1.1.1 // indirect
 	golang.org/x/net v0.62.0 // indirect
