@@ -13,14 +13,10 @@ import (
 // file's new key, the old key opens nothing, and no leftover remains.
 func TestRotateKeyFile(t *testing.T) {
 	dir := t.TempDir()
-	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
-	old, err := LoadKeyFile(keyPath)
-	require.NoError(t, err)
-	v, err := Open(st, old, Config{})
-	require.NoError(t, err)
+	keyPath, st, old, v := keyFileVault(t, dir)
 	require.NoError(t, v.Set(Secret{Name: "one", Rule: hostRule("one")}, []byte("sk-1")))
 	require.NoError(t, RotateKeyFile(v, keyPath))
-	_, err = Open(st, old, Config{})
+	_, err := Open(st, old, Config{})
 	assert.Error(t, err, "the old key still opens the vault")
 	key, err := LoadKeyFile(keyPath)
 	require.NoError(t, err)
@@ -30,6 +26,18 @@ func TestRotateKeyFile(t *testing.T) {
 	assertSecret(t, st, key, "two", "sk-2")
 	_, err = os.Stat(keyPath + ".next")
 	assert.True(t, os.IsNotExist(err), "a leftover key file")
+}
+
+// keyFileVault opens a vault in dir whose master key is in a key file
+// there, and returns the key file's path, the storage, the key and the
+// vault.
+func keyFileVault(t testing.TB, dir string) (string, FileStorage, []byte, *Vault) {
+	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
+	key, err := LoadKeyFile(keyPath)
+	require.NoError(t, err)
+	v, err := Open(st, key, Config{})
+	require.NoError(t, err)
+	return keyPath, st, key, v
 }
 
 // assertSecret checks that key opens st and that name holds value.
@@ -56,16 +64,12 @@ func hostRule(name string) Rule {
 // next start drops it and opens.
 func TestRecoverTornNextKey(t *testing.T) {
 	dir := t.TempDir()
-	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
-	key, err := LoadKeyFile(keyPath)
-	require.NoError(t, err)
-	v, err := Open(st, key, Config{})
-	require.NoError(t, err)
+	keyPath, st, key, v := keyFileVault(t, dir)
 	require.NoError(t, v.Set(Secret{Name: "one", Rule: hostRule("one")}, []byte("sk-one")))
 	require.NoError(t, os.WriteFile(keyPath+".next", nil, 0o600))
 	require.NoError(t, RecoverKeyFile(st, keyPath))
 	assertSecret(t, st, key, "one", "sk-one")
-	_, err = os.Stat(keyPath + ".next")
+	_, err := os.Stat(keyPath + ".next")
 	assert.True(t, os.IsNotExist(err))
 }
 
@@ -74,11 +78,7 @@ func TestRecoverTornNextKey(t *testing.T) {
 // failed) is put in place, never deleted, before the next rotation.
 func TestRotateFinishesAnEarlierRotation(t *testing.T) {
 	dir := t.TempDir()
-	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
-	old, err := LoadKeyFile(keyPath)
-	require.NoError(t, err)
-	v, err := Open(st, old, Config{})
-	require.NoError(t, err)
+	keyPath, st, _, v := keyFileVault(t, dir)
 	require.NoError(t, v.Set(Secret{Name: "one", Rule: hostRule("one")}, []byte("sk-one")))
 	sealedUnder, _ := NewKey()
 	require.NoError(t, v.Rotate(sealedUnder))

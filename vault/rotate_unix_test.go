@@ -5,7 +5,6 @@ package vault
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -26,11 +25,7 @@ func TestRotateKeyFileKilled(t *testing.T) {
 	for step := 1; step <= 3; step++ {
 		t.Run("killed after step "+strconv.Itoa(step), func(t *testing.T) {
 			dir := t.TempDir()
-			keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
-			old, err := LoadKeyFile(keyPath)
-			require.NoError(t, err)
-			v, err := Open(st, old, Config{})
-			require.NoError(t, err)
+			keyPath, st, old, v := keyFileVault(t, dir)
 			for _, name := range []string{"one", "two", "three"} {
 				require.NoError(t, v.Set(Secret{Name: name, Rule: hostRule(name)}, []byte("sk-"+name)))
 			}
@@ -63,11 +58,7 @@ func TestRotateKeyFileKilled(t *testing.T) {
 // rotateUntilKilled is the killed gateway: it rotates the key in dir and
 // kills itself at the end of step.
 func rotateUntilKilled(t *testing.T, dir string, step int) {
-	keyPath, st := filepath.Join(dir, "master.key"), FileStorage{Path: filepath.Join(dir, "secrets.json")}
-	key, err := LoadKeyFile(keyPath)
-	require.NoError(t, err)
-	v, err := Open(st, key, Config{})
-	require.NoError(t, err)
+	keyPath, _, _, v := keyFileVault(t, dir)
 	rotationStep = func(s int) {
 		if s == step {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)

@@ -39,11 +39,7 @@ func NewLogs(ctx context.Context, s Settings) (*LogSink, error) {
 }
 
 func newLogExporter(ctx context.Context, s Settings) (sdklog.Exporter, error) {
-	protocol, err := s.protocol("LOGS")
-	if err != nil {
-		return nil, err
-	}
-	endpoint, err := s.endpointURL(protocol, "/v1/logs")
+	protocol, endpoint, err := s.target("LOGS", "/v1/logs")
 	if err != nil {
 		return nil, err
 	}

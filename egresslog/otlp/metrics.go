@@ -55,11 +55,7 @@ func NewMetrics(ctx context.Context, s Settings, l *egresslog.Log) (*Metrics, er
 }
 
 func newMetricExporter(ctx context.Context, s Settings) (sdkmetric.Exporter, error) {
-	protocol, err := s.protocol("METRICS")
-	if err != nil {
-		return nil, err
-	}
-	endpoint, err := s.endpointURL(protocol, "/v1/metrics")
+	protocol, endpoint, err := s.target("METRICS", "/v1/metrics")
 	if err != nil {
 		return nil, err
 	}

@@ -106,6 +106,16 @@ func (s Settings) protocol(signal string) (string, error) {
 	return "", fmt.Errorf("otlp: protocol %q: want %q or %q", p, ProtocolHTTP, ProtocolGRPC)
 }
 
+// target is the protocol and endpoint URL of signal's exporter ("" to
+// leave the endpoint to the variables), whose HTTP path is path.
+func (s Settings) target(signal, path string) (protocol, endpoint string, err error) {
+	if protocol, err = s.protocol(signal); err != nil {
+		return "", "", err
+	}
+	endpoint, err = s.endpointURL(protocol, path)
+	return protocol, endpoint, err
+}
+
 // endpointURL is the URL for the exporter of a signal whose HTTP path is
 // path, or "" to leave it to the variables.
 func (s Settings) endpointURL(protocol, path string) (string, error) {

@@ -50,11 +50,7 @@ func NewTraces(ctx context.Context, s Settings) (*TraceSink, error) {
 }
 
 func newTraceExporter(ctx context.Context, s Settings) (sdktrace.SpanExporter, error) {
-	protocol, err := s.protocol("TRACES")
-	if err != nil {
-		return nil, err
-	}
-	endpoint, err := s.endpointURL(protocol, "/v1/traces")
+	protocol, endpoint, err := s.target("TRACES", "/v1/traces")
 	if err != nil {
 		return nil, err
 	}

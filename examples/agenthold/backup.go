@@ -5,6 +5,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/cipher"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -82,6 +83,16 @@ func backupKey(h backupHeader, master, passphrase []byte) ([]byte, error) {
 	return nil, fmt.Errorf("backup: unknown key derivation %q", h.KDF)
 }
 
+// backupAEAD is the cipher of a backup whose header is h.
+func backupAEAD(h backupHeader, master, passphrase []byte) (cipher.AEAD, error) {
+	key, err := backupKey(h, master, passphrase)
+	if err != nil {
+		return nil, err
+	}
+	defer clear(key)
+	return chacha20poly1305.NewX(key)
+}
+
 // makeBackup seals the state in dataDir: under the passphrase (with the
 // master key inside) if there is one, or else under the master key.
 func makeBackup(dataDir string, master, passphrase []byte) ([]byte, error) {
@@ -117,12 +128,7 @@ func makeBackup(dataDir string, master, passphrase []byte) ([]byte, error) {
 	if err := tw.Close(); err != nil {
 		return nil, fmt.Errorf("backup: %w", err)
 	}
-	key, err := backupKey(h, master, passphrase)
-	if err != nil {
-		return nil, err
-	}
-	defer clear(key)
-	aead, err := chacha20poly1305.NewX(key)
+	aead, err := backupAEAD(h, master, passphrase)
 	if err != nil {
 		return nil, err
 	}
@@ -150,12 +156,7 @@ func openBackup(data, master, passphrase []byte) (map[string][]byte, error) {
 	if err := json.Unmarshal(head, &h); err != nil {
 		return nil, fmt.Errorf("backup: damaged header: %w", err)
 	}
-	key, err := backupKey(h, master, passphrase)
-	if err != nil {
-		return nil, err
-	}
-	defer clear(key)
-	aead, err := chacha20poly1305.NewX(key)
+	aead, err := backupAEAD(h, master, passphrase)
 	if err != nil {
 		return nil, err
 	}
