@@ -69,9 +69,12 @@ func (p *Path) Close() error {
 
 // Pair is two connections whose bytes the kernel moves to each other.
 type Pair struct {
-	p          *Path
-	slots      [2]uint32
-	cookies    [2]uint64
+	p       *Path
+	slots   [2]uint32
+	cookies [2]uint64
+	// base is what each socket's sending side had taken before the
+	// kernel path could send on it: what it sends after is redirected.
+	base       [2]int64
 	removeOnce sync.Once
 }
 
@@ -95,6 +98,10 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 			return nil, err
 		}
 		pr.cookies[i] = cookie
+		if pr.base[i], err = queued(c); err != nil {
+			pr.Remove()
+			return nil, fmt.Errorf("fastpath: send queue: %w", err)
+		}
 	}
 	// The peers first: a socket's bytes must find where they go from
 	// the first skb the verdict sees.

@@ -182,3 +182,35 @@ func median(v []float64) float64 {
 	sort.Float64s(s)
 	return s[len(s)/2]
 }
+
+// TestRunStartedLate: bytes the kernel moved before Run began count as
+// moved, so an end that follows them is passed on at once, not after the
+// wait for bytes still in flight runs out.
+func TestRunStartedLate(t *testing.T) {
+	p := newPath(t)
+	saved := drainTimeout
+	drainTimeout = time.Hour
+	t.Cleanup(func() { drainTimeout = saved })
+	client, a, b, server := pairUp(t)
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	up := make([]byte, 64<<10)
+	rand.Read(up)
+	_, err = client.Write(up)
+	require.NoError(t, err)
+	got := make([]byte, len(up))
+	server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadFull(server, got)
+	require.NoError(t, err)
+
+	go pr.Run(a, b)
+	require.NoError(t, client.CloseWrite())
+	n, err := server.Read(make([]byte, 1))
+	assert.Equal(t, 0, n)
+	assert.ErrorIs(t, err, io.EOF, "the client's end waited for bytes already moved")
+	server.Close()
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.ReadAll(client)
+	assert.NoError(t, err)
+}

@@ -15,7 +15,7 @@ import (
 
 // drainTimeout bounds the wait for a side's bytes to leave the kernel
 // path before its end of stream is passed on.
-const drainTimeout = 5 * time.Second
+var drainTimeout = 5 * time.Second
 
 // Run waits until both directions of the pair have ended, passing each
 // end of stream on as a half-close once every byte before it has been
@@ -28,17 +28,13 @@ const drainTimeout = 5 * time.Second
 // an end does Run wait, briefly, for the last bytes to be queued.
 func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	conns := [2]*net.TCPConn{a, b}
-	var base [2]int64
-	for i, c := range conns {
-		base[i], _ = queued(c)
-	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = pr.waitEnd(i, conns, base)
+			errs[i] = pr.waitEnd(i, conns)
 			if errs[i] != nil {
 				for _, c := range conns {
 					c.SetLinger(0)
@@ -56,7 +52,7 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 // socket is never read: the verdict takes every byte it receives, and
 // its state says when the other end finished (or reset), which the
 // kernel signals to the poller as it changes.
-func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn, base [2]int64) error {
+func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 	src, dst := conns[i], conns[1-i]
 	rc, err := src.SyscallConn()
 	if err != nil {
@@ -93,7 +89,7 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn, base [2]int64) error {
 	deadline := time.Now().Add(drainTimeout)
 	for {
 		q, err := queued(dst)
-		if err != nil || q-base[1-i] >= moved || time.Now().After(deadline) {
+		if err != nil || q-pr.base[1-i] >= moved || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Millisecond)
