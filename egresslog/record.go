@@ -56,10 +56,13 @@ type Record struct {
 	// that the request can be found in the agent's own trace. The Log
 	// keeps it only if it is well formed (version 00, lowercase hex).
 	Trace     string
-	BytesUp   int64         // bytes from the agent towards the destination
-	BytesDown int64         // bytes from the destination back to the agent
-	Duration  time.Duration // how long it lasted
-	Open      bool          // the connection is still open (see Log.OpenConns)
+	BytesUp   int64 // bytes from the agent towards the destination
+	BytesDown int64 // bytes from the destination back to the agent
+	// Relay is how a passed-through connection's bytes were moved:
+	// RelayKernel, RelaySplice or RelayCopy. Empty on other records.
+	Relay    string
+	Duration time.Duration // how long it lasted
+	Open     bool          // the connection is still open (see Log.OpenConns)
 	// ConnID identifies a connection record (set by Log.Begin), and, on an
 	// HTTP record, the recorded connection that carried the request (an
 	// intercepted TLS connection, a CONNECT tunnel): the request's bytes
@@ -98,10 +101,18 @@ const (
 	FieldTrace     = "traceparent"
 	FieldBytesUp   = "bytes_up"
 	FieldBytesDown = "bytes_down"
+	FieldRelay     = "relay"       // "kernel", "splice" or "copy"
 	FieldDuration  = "duration_ms" // float milliseconds
 	FieldOpen      = "open"
 	FieldConnID    = "conn"
 	FieldCount     = "count" // refusals a summary stands for; omitted when 0 or 1
+)
+
+// How a passed-through connection's bytes were moved (Record.Relay).
+const (
+	RelayKernel = "kernel" // between the two sockets in the kernel (a BPF sockmap): never read by the gateway
+	RelaySplice = "splice" // through a pipe in the kernel, by the gateway's system calls
+	RelayCopy   = "copy"   // through the gateway's memory
 )
 
 // Bounds on the strings a record keeps; longer ones are cut at a UTF-8
@@ -133,6 +144,7 @@ func (r *Record) sanitize() {
 	r.Rule = truncate(escapeControls(r.Rule), MaxRuleLen)
 	r.Secret = truncate(escapeControls(r.Secret), MaxSecretLen)
 	r.Tool = truncate(escapeControls(r.Tool), MaxToolLen)
+	r.Relay = truncate(escapeControls(r.Relay), 16)
 	if !validTraceParent(r.Trace) {
 		r.Trace = ""
 	}
@@ -205,6 +217,7 @@ func (r *Record) AppendJSON(b []byte) []byte {
 	b = appendString(b, FieldTrace, r.Trace, false)
 	b = appendInt(b, FieldBytesUp, r.BytesUp)
 	b = appendInt(b, FieldBytesDown, r.BytesDown)
+	b = appendString(b, FieldRelay, r.Relay, false)
 	if r.Duration != 0 {
 		b = append(b, `,"`+FieldDuration+`":`...)
 		b = strconv.AppendFloat(b, float64(r.Duration)/float64(time.Millisecond), 'f', -1, 64)
@@ -319,6 +332,7 @@ type jsonRecord struct {
 	Trace     string   `json:"traceparent"`
 	BytesUp   int64    `json:"bytes_up"`
 	BytesDown int64    `json:"bytes_down"`
+	Relay     string   `json:"relay"`
 	Duration  *float64 `json:"duration_ms"`
 	Open      bool     `json:"open"`
 	ConnID    uint64   `json:"conn"`
@@ -343,7 +357,7 @@ func ParseJSON(line []byte) (Record, error) {
 		Seq: j.Seq, Time: t, Agent: j.Agent, Kind: j.Kind, Host: j.Host, Port: j.Port, Target: j.Target,
 		Method: j.Method, Path: j.Path, Status: j.Status, Answers: j.Answers,
 		Allowed: *j.Allowed, Report: j.Report, Reason: j.Reason, Rule: j.Rule, Secret: j.Secret, Tool: j.Tool, Trace: j.Trace,
-		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Open: j.Open, ConnID: j.ConnID,
+		BytesUp: j.BytesUp, BytesDown: j.BytesDown, Relay: j.Relay, Open: j.Open, ConnID: j.ConnID,
 		Count: j.Count,
 	}
 	if j.Addr != "" {

@@ -54,6 +54,12 @@ var goldenRecords = map[string]Record{
 		Host: "api.github.com", Port: 443, Method: "GET", Path: "/user", Status: 200, Allowed: true,
 		Reason: "allowed by rule", Rule: "api.github.com", Trace: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 	},
+	"tls_kernel_relay": {
+		Seq: 9, Time: time.Date(2026, 11, 29, 8, 0, 8, 0, time.UTC), Agent: "agent-1", Kind: KindTLS,
+		Host: "api.github.com", Port: 443, Addr: netip.MustParseAddrPort("140.82.112.6:443"), Allowed: true,
+		Reason: "closed", Rule: "*.github.com", BytesUp: 1517, BytesDown: 104857, Relay: RelayKernel,
+		Duration: 1500 * time.Millisecond, ConnID: 9,
+	},
 	"refusals_summary": {
 		Seq: 6, Time: time.Date(2026, 11, 29, 8, 0, 5, 0, time.UTC), Agent: "agent-1", Kind: KindDNS,
 		Host: "q0.flood.example", Reason: "quota exceeded: dns queries", Count: 49990,

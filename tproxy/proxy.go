@@ -86,6 +86,10 @@ type Proxy struct {
 	// context carries the proxy's Guard and Resolver (netguard.WithGuard,
 	// WithResolver), which an interceptor without its own dials through.
 	Interceptor Interceptor
+	// KernelPath, if set, moves the bytes of passed-through connections
+	// in the kernel once they are judged and dialled (see KernelPath for
+	// which); nil keeps every connection on the user-space relay.
+	KernelPath KernelPath
 	// Log receives one record per connection and per HTTP request.
 	Log *egresslog.Log
 	// Logger receives operational messages; nil discards them.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -14,10 +15,11 @@ import (
 	"github.com/agenthold/egress/internal/budget"
 )
 
-// relay is one allowed connection being copied: the client (whatever
-// connection the listener yielded) and the upstream. Between two
-// *net.TCPConn on Linux the kernel moves the bytes (splice); otherwise
-// copyTracked does, noting when bytes last moved.
+// relay is one allowed connection being moved: the client (whatever
+// connection the listener yielded) and the upstream. The Proxy's
+// KernelPath moves the bytes when it may; else, between two *net.TCPConn
+// on Linux, the kernel splices them at the proxy's calls; otherwise
+// copyTracked copies them, noting when bytes last moved.
 type relay struct {
 	client     net.Conn
 	up         *net.TCPConn
@@ -159,7 +161,7 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 	} else if err = writeAll(s.client, upBytes); err != nil {
 		r.abort(fmt.Sprintf("upstream->client: %v", err))
 	} else {
-		upN, downN, err = r.run()
+		upN, downN, rec.Relay, err = r.run(s.p.KernelPath, s.p.logger)
 	}
 	rec.BytesUp = upN + int64(len(clientBytes))
 	rec.BytesDown = downN + int64(len(upBytes))
@@ -189,11 +191,35 @@ func writeAll(c net.Conn, b []byte) error {
 	return err
 }
 
-// run copies both ways: the client's bytes to the upstream in a new
-// goroutine, the upstream's to the client in this one. An end of stream in
-// one direction is passed on as a half-close; an error in either aborts
-// both with a reset.
-func (r *relay) run() (up, down int64, err error) {
+// run moves both ways until both are done, and says how
+// (egresslog.RelayKernel, RelaySplice or RelayCopy). The kernel path
+// takes the connection if there is one and nothing of the connection
+// needs the proxy: both ends TCP and no byte quota to hold it to.
+// Otherwise it copies: the client's bytes to the upstream in a new
+// goroutine, the upstream's to the client in this one. An end of stream
+// in one direction is passed on as a half-close; an error in either
+// aborts both with a reset.
+func (r *relay) run(kernel KernelPath, logger func() *slog.Logger) (up, down int64, how string, err error) {
+	var waitingUp, waitingDown int64 // passed on before the kernel path was asked
+	if kernel != nil && r.spliced && r.paceUp == nil && r.paceDown == nil {
+		var ok bool
+		if waitingUp, waitingDown, ok = r.passWaiting(); ok {
+			wait, err := kernel.Move(r.client.(*net.TCPConn), r.up)
+			if err == nil {
+				up, down, err = wait()
+				if err != nil {
+					r.abort(err.Error())
+				}
+				return waitingUp + up, waitingDown + down, egresslog.RelayKernel, err
+			}
+			logger().Debug("kernel path refused a connection; relaying it", "err", err)
+		}
+	}
+	how = egresslog.RelayCopy
+	if r.spliced {
+		how = egresslog.RelaySplice
+	}
+	defer func() { up, down = waitingUp+up, waitingDown+down }()
 	var wg sync.WaitGroup
 	var upErr error
 	wg.Add(1)
@@ -203,7 +229,36 @@ func (r *relay) run() (up, down int64, err error) {
 	}()
 	down, downErr := copyUpstreamToClient(r)
 	wg.Wait()
-	return up, down, errors.Join(upErr, downErr)
+	return up, down, how, errors.Join(upErr, downErr)
+}
+
+// passWaiting passes on what each side has received and the proxy has
+// not read, without waiting for more, and counts it; false when a side
+// has ended or failed, which the user-space relay then meets. The kernel
+// path takes a connection only so: it is handed whole skbs, and one the
+// proxy read part of would go again.
+func (r *relay) passWaiting() (up, down int64, ok bool) {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	for _, way := range []struct {
+		dst, src net.Conn
+		n        *int64
+	}{{r.up, r.client, &up}, {r.client, r.up, &down}} {
+		for {
+			b, err := readNow(way.src, (*bp)[:0])
+			if err != nil {
+				return up, down, false
+			}
+			if len(b) == 0 {
+				break
+			}
+			if _, err := way.dst.Write(b); err != nil {
+				return up, down, false
+			}
+			*way.n += int64(len(b))
+		}
+	}
+	return up, down, true
 }
 
 func copyClientToUpstream(r *relay) (int64, error) {

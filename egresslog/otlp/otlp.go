@@ -214,7 +214,7 @@ func attributes(r *egresslog.Record) []attribute.KeyValue {
 	}
 	for _, kv := range []struct{ key, value string }{
 		{"http.request.method", r.Method}, {"url.path", r.Path}, {"egress.rule", r.Rule},
-		{"egress.secret", r.Secret}, {"egress.tool", r.Tool},
+		{"egress.secret", r.Secret}, {"egress.tool", r.Tool}, {"egress.relay", r.Relay},
 	} {
 		if kv.value != "" {
 			attrs = append(attrs, attribute.String(kv.key, kv.value))

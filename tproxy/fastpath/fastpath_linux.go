@@ -17,12 +17,17 @@ import (
 // Path moves the bytes of spliced connection pairs in the kernel: a BPF
 // sockmap whose stream verdict redirects what each socket receives to its
 // peer's send queue, counting the bytes each way.
+//
+// Two sockmaps hold a pair's sockets at the same slots: targets, where
+// the verdict sends bytes to, and watched, whose sockets the verdict
+// judges. A socket joins watched only once its peer is in targets, so
+// that no byte is sent to an empty slot, which would drop it.
 type Path struct {
-	sockets, peers *ebpf.Map
-	prog           *ebpf.Program
+	watched, targets, peers *ebpf.Map
+	prog                    *ebpf.Program
 
 	mu   sync.Mutex
-	free []uint32 // free slots of the sockets map
+	free []uint32 // free slots of the sockmaps
 }
 
 // New loads the programs and maps for up to pairs connection pairs. It
@@ -32,39 +37,43 @@ func New(pairs int) (*Path, error) {
 	if pairs <= 0 {
 		return nil, errors.New("fastpath: no pairs")
 	}
-	sockets, err := ebpf.NewMap(&ebpf.MapSpec{Name: "egress_socks", Type: ebpf.SockMap, KeySize: 4, ValueSize: 4, MaxEntries: uint32(2 * pairs)})
-	if err != nil {
+	p := &Path{}
+	var err error
+	defer func() {
+		if err != nil {
+			p.Close()
+		}
+	}()
+	sockmap := func(name string) (*ebpf.Map, error) {
+		return ebpf.NewMap(&ebpf.MapSpec{Name: name, Type: ebpf.SockMap, KeySize: 4, ValueSize: 4, MaxEntries: uint32(2 * pairs)})
+	}
+	if p.watched, err = sockmap("egress_watched"); err != nil {
 		return nil, fmt.Errorf("fastpath: sockmap: %w", err)
 	}
-	peers, err := ebpf.NewMap(&ebpf.MapSpec{Name: "egress_peers", Type: ebpf.Hash, KeySize: 8, ValueSize: peerSize, MaxEntries: uint32(2 * pairs)})
-	if err != nil {
-		sockets.Close()
+	if p.targets, err = sockmap("egress_targets"); err != nil {
+		return nil, fmt.Errorf("fastpath: sockmap: %w", err)
+	}
+	if p.peers, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_peers", Type: ebpf.Hash, KeySize: 8, ValueSize: peerSize, MaxEntries: uint32(2 * pairs)}); err != nil {
 		return nil, fmt.Errorf("fastpath: peers map: %w", err)
 	}
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
-		Instructions: verdictProgram(sockets, peers), License: "Apache-2.0"})
-	if err != nil {
-		sockets.Close()
-		peers.Close()
+	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
+		Instructions: verdictProgram(p.targets, p.peers), License: "Apache-2.0"}); err != nil {
 		return nil, fmt.Errorf("fastpath: verdict program: %w", err)
 	}
-	if err := link.RawAttachProgram(link.RawAttachProgramOptions{Target: sockets.FD(), Program: prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
-		prog.Close()
-		sockets.Close()
-		peers.Close()
+	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
 		return nil, fmt.Errorf("fastpath: attach the verdict: %w", err)
 	}
-	p := &Path{sockets: sockets, peers: peers, prog: prog}
 	for i := 2*pairs - 1; i >= 0; i-- {
 		p.free = append(p.free, uint32(i))
 	}
 	return p, nil
 }
 
-// Close unloads the programs and maps; pairs still in the map are dropped
-// from it, and their sockets go on as plain sockets.
+// Close unloads the programs and maps, once every pair's Run has
+// returned; pairs still in the maps are dropped from them, and their
+// sockets go on as plain sockets.
 func (p *Path) Close() error {
-	return errors.Join(p.prog.Close(), p.sockets.Close(), p.peers.Close())
+	return errors.Join(p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close()) // each is nil-safe
 }
 
 // Pair is two connections whose bytes the kernel moves to each other.
@@ -79,8 +88,12 @@ type Pair struct {
 }
 
 // Splice puts a and b in the kernel path: from now on what either
-// receives is sent on the other. Bytes already received and not read stay
-// where they are: the caller reads them first.
+// receives is sent on the other, starting with what each received and
+// the caller did not read. The caller reads each socket until nothing
+// waits, or not at all: the verdict is handed whole skbs, and one the
+// caller read part of would be sent again from its start. An error
+// means the pair took nothing (a socket already half-closed cannot join
+// the map), and the caller relays the connection itself.
 func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 	p.mu.Lock()
 	if len(p.free) < 2 {
@@ -103,8 +116,14 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 			return nil, fmt.Errorf("fastpath: send queue: %w", err)
 		}
 	}
-	// The peers first: a socket's bytes must find where they go from
-	// the first skb the verdict sees.
+	// Where bytes go, then how much went, then what is judged: a
+	// socket's verdict finds its peer in place from the first skb.
+	for i, c := range conns {
+		if err := withFD(c, func(fd int) error { return p.targets.Update(pr.slots[i], uint32(fd), ebpf.UpdateAny) }); err != nil {
+			pr.Remove()
+			return nil, fmt.Errorf("fastpath: sockmap: %w", err)
+		}
+	}
 	for i := range conns {
 		var v [peerSize]byte
 		binary.NativeEndian.PutUint32(v[peerSlotOff:], pr.slots[1-i])
@@ -114,16 +133,32 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 		}
 	}
 	for i, c := range conns {
-		if err := withFD(c, func(fd int) error { return p.sockets.Update(pr.slots[i], uint32(fd), ebpf.UpdateAny) }); err != nil {
+		if err := withFD(c, func(fd int) error { return p.watched.Update(pr.slots[i], uint32(fd), ebpf.UpdateAny) }); err != nil {
 			pr.Remove()
 			return nil, fmt.Errorf("fastpath: sockmap: %w", err)
 		}
 	}
+	// Bytes that arrived before a socket joined the map wait in its
+	// receive queue until something wakes its verdict: more bytes, or a
+	// read. A read that takes nothing (a peek, not waiting) is that
+	// wake, so nothing sent before the splice waits for the next bytes.
+	for _, c := range conns {
+		withFD(c, func(fd int) error {
+			unix.Recvfrom(fd, make([]byte, 1), unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			return nil
+		})
+	}
 	return pr, nil
 }
 
-// Bytes returns the bytes the kernel moved from a to b and from b to a.
+// Bytes returns the bytes moved from a to b and from b to a.
 func (pr *Pair) Bytes() (aToB, bToA int64) {
+	r := pr.redirected()
+	return r[0], r[1]
+}
+
+// redirected is what the verdict sent on from each side.
+func (pr *Pair) redirected() [2]int64 {
 	var out [2]int64
 	for i := range 2 {
 		var v [peerSize]byte
@@ -131,7 +166,7 @@ func (pr *Pair) Bytes() (aToB, bToA int64) {
 			out[i] = int64(binary.NativeEndian.Uint64(v[peerBytesOff:]))
 		}
 	}
-	return out[0], out[1]
+	return out
 }
 
 // Remove takes the pair out of the kernel path (closing the sockets does
@@ -140,7 +175,10 @@ func (pr *Pair) Bytes() (aToB, bToA int64) {
 func (pr *Pair) Remove() {
 	pr.removeOnce.Do(func() {
 		for i := range 2 {
-			pr.p.sockets.Delete(pr.slots[i])
+			pr.p.watched.Delete(pr.slots[i])
+		}
+		for i := range 2 {
+			pr.p.targets.Delete(pr.slots[i])
 			if pr.cookies[i] != 0 {
 				pr.p.peers.Delete(pr.cookies[i])
 			}
@@ -174,4 +212,17 @@ func withFD(c *net.TCPConn, f func(fd int) error) error {
 		return err
 	}
 	return ferr
+}
+
+// Move splices a and b and returns the wait for their end: Run, then
+// Remove. It is the form tproxy.Proxy's KernelPath takes.
+func (p *Path) Move(a, b *net.TCPConn) (wait func() (aToB, bToA int64, err error), err error) {
+	pr, err := p.Splice(a, b)
+	if err != nil {
+		return nil, err
+	}
+	return func() (int64, int64, error) {
+		defer pr.Remove()
+		return pr.Run(a, b)
+	}, nil
 }

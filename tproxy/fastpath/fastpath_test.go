@@ -204,7 +204,8 @@ func TestRunStartedLate(t *testing.T) {
 	_, err = io.ReadFull(server, got)
 	require.NoError(t, err)
 
-	go pr.Run(a, b)
+	ran := make(chan struct{})
+	go func() { pr.Run(a, b); close(ran) }()
 	require.NoError(t, client.CloseWrite())
 	n, err := server.Read(make([]byte, 1))
 	assert.Equal(t, 0, n)
@@ -213,4 +214,60 @@ func TestRunStartedLate(t *testing.T) {
 	client.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, err = io.ReadAll(client)
 	assert.NoError(t, err)
+	<-ran
+}
+
+// TestBytesSentBeforeTheSplice: what the client sent while the proxy was
+// deciding, and did not read, reaches the server without waiting for
+// more; so does what the server sent first.
+func TestBytesSentBeforeTheSplice(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	_, err := client.Write([]byte("sent while the proxy decided"))
+	require.NoError(t, err)
+	_, err = server.Write([]byte("a banner"))
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond) // both are in the proxy's receive queues
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+
+	got := make([]byte, len("sent while the proxy decided"))
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.ReadFull(server, got)
+	require.NoError(t, err, "bytes sent before the splice wait for more")
+	assert.Equal(t, "sent while the proxy decided", string(got))
+	got = make([]byte, len("a banner"))
+	client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.ReadFull(client, got)
+	require.NoError(t, err)
+	assert.Equal(t, "a banner", string(got))
+}
+
+// TestSpliceWhileBytesFlow: a pair spliced while the client is sending
+// loses nothing: no byte reaches a socket's verdict before its peer can
+// take it.
+func TestSpliceWhileBytesFlow(t *testing.T) {
+	p := newPath(t)
+	for round := range 10 {
+		client, a, b, server := pairUp(t)
+		up := make([]byte, 4<<20)
+		rand.Read(up)
+		go func() { client.Write(up); client.CloseWrite() }()
+		time.Sleep(time.Duration(round) * 100 * time.Microsecond)
+		pr, err := p.Splice(a, b)
+		require.NoError(t, err)
+		ran := make(chan struct{})
+		go func() { pr.Run(a, b); close(ran) }()
+		server.SetReadDeadline(time.Now().Add(20 * time.Second))
+		got, err := io.ReadAll(server)
+		require.NoError(t, err, "round %d", round)
+		require.Equal(t, len(up), len(got), "round %d", round)
+		assert.True(t, bytes.Equal(up, got), "round %d: other bytes", round)
+		server.Close()
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.ReadAll(client)
+		<-ran
+		pr.Remove()
+	}
 }

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,32 +20,36 @@ var drainTimeout = 5 * time.Second
 // Run waits until both directions of the pair have ended, passing each
 // end of stream on as a half-close once every byte before it has been
 // queued on the other side, and returns the bytes moved each way. An
-// error on either side (a reset) ends both at once. The sockets stay
-// open: the caller closes them (after Remove).
+// error on either side (a reset) ends both at once, and is the one Run
+// returns. The sockets stay open: the caller closes them (after Remove).
 //
-// Nothing is polled while bytes move: each side's end is a read of its
-// socket returning, which the kernel path leaves to user space. Only at
-// an end does Run wait, briefly, for the last bytes to be queued.
+// Nothing is polled while bytes move: each side's end is a change of its
+// socket's state, which wakes the poller. Only at an end does Run wait,
+// briefly, for the last bytes to be queued. It waits for b in a new
+// goroutine and for a in the caller's, as a relay copies.
 func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	conns := [2]*net.TCPConn{a, b}
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = pr.waitEnd(i, conns)
-			if errs[i] != nil {
-				for _, c := range conns {
-					c.SetLinger(0)
-					c.SetReadDeadline(time.Now()) // the other side's wait returns
-				}
+	var first atomic.Pointer[error] // the cause; the other side's error follows from it
+	wait := func(i int) {
+		if err := pr.waitEnd(i, conns); err != nil && first.CompareAndSwap(nil, &err) {
+			for _, c := range conns {
+				c.SetLinger(0)
+				c.SetReadDeadline(time.Now()) // the other side's wait returns
 			}
-		}()
+		}
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		wait(1)
+	}()
+	wait(0)
+	<-done
 	aToB, bToA = pr.Bytes()
-	return aToB, bToA, errors.Join(errs...)
+	if e := first.Load(); e != nil {
+		err = *e
+	}
+	return aToB, bToA, err
 }
 
 // waitEnd waits for side i's end of stream and passes it on. The
@@ -99,11 +103,7 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 
 // moved is what the kernel path redirected from side i.
 func (pr *Pair) moved(i int) int64 {
-	a, b := pr.Bytes()
-	if i == 0 {
-		return a
-	}
-	return b
+	return pr.redirected()[i]
 }
 
 // queued is how many bytes c's sending side has taken so far: acknowledged,

@@ -1,0 +1,20 @@
+package tproxy
+
+import "net"
+
+// KernelPath moves a judged connection's bytes in the kernel, so that
+// they never cross into the gateway's process; tproxy/fastpath.Path is
+// one. The proxy offers it a connection only when nothing more is to be
+// done with its bytes: passed through (not intercepted, not plain HTTP),
+// TCP on both sides, and the agent without a byte-rate quota. Every
+// other connection, and one Move refuses, stays on the user-space relay;
+// the record's Relay says which moved it.
+type KernelPath interface {
+	// Move starts moving what each side sends to the other, beginning
+	// with what each has received and the proxy has not read. wait
+	// returns once both directions have ended, each end passed on as a
+	// half-close, with the bytes moved each way; it fails on a reset,
+	// after which both connections are to be closed. An error from Move
+	// means it took nothing.
+	Move(client, upstream *net.TCPConn) (wait func() (up, down int64, err error), err error)
+}

@@ -1,0 +1,229 @@
+//go:build linux
+
+package tproxy
+
+import (
+	"bufio"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/tproxy/fastpath"
+)
+
+// kernelPath is a fastpath.Path for a test, or a skip without the
+// privilege.
+func kernelPath(t *testing.T) *fastpath.Path {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("the kernel path needs root (CAP_BPF, CAP_NET_ADMIN)")
+	}
+	kp, err := fastpath.New(256)
+	require.NoError(t, err)
+	t.Cleanup(func() { kp.Close() })
+	return kp
+}
+
+// signalledPath tells of each connection its KernelPath takes.
+type signalledPath struct {
+	KernelPath
+	moved chan struct{}
+}
+
+func signalled(kp KernelPath) signalledPath {
+	return signalledPath{kp, make(chan struct{}, 16)}
+}
+
+func (sp signalledPath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), error) {
+	wait, err := sp.KernelPath.Move(client, upstream)
+	if err == nil {
+		sp.moved <- struct{}{}
+	}
+	return wait, err
+}
+
+// awaitMoved waits for the kernel path to take a connection.
+func awaitMoved(t *testing.T, moved <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-moved:
+	case <-time.After(5 * time.Second):
+		require.Fail(t, "the kernel path did not take the connection")
+	}
+}
+
+// echoTransfer sends up to the echo service through the transparent
+// proxy, holds the connection idle for hold, half-closes, reads the echo,
+// and returns the connection's closing record.
+func echoTransfer(t *testing.T, w *world, up []byte, hold time.Duration) egresslog.Record {
+	t.Helper()
+	c := w.dial(w.echoAddr)
+	_, err := c.Write(up)
+	require.NoError(t, err)
+	time.Sleep(hold)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	require.NoError(t, err)
+	require.Equal(t, len("echo:")+len(up), len(got), "kernel path: %v", w.proxy.KernelPath != nil)
+	assert.Equal(t, up, got[len("echo:"):], "the echo differs")
+	return w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Open })
+}
+
+// bannerExchange reads the banner service's greeting on c, sends a line
+// and reads the answer, and returns the
+// connection's closing record, of kind.
+func bannerExchange(t *testing.T, w *world, c net.Conn, br *bufio.Reader, kind egresslog.Kind, moved <-chan struct{}) egresslog.Record {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	line, err := br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "SSH-2.0-test_banner\r\n", line)
+	if moved != nil {
+		// The service answers and closes, and a connection already ended
+		// cannot join the kernel path: it joins first.
+		awaitMoved(t, moved)
+	}
+	_, err = c.Write([]byte("hello\n"))
+	require.NoError(t, err)
+	line, err = br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "got hello\n", line)
+	open := w.log.OpenConns("a1")
+	require.Len(t, open, 1)
+	c.Close()
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.ConnID == open[0].ConnID && !r.Open })
+	assert.Equal(t, kind, r.Kind)
+	assert.EqualValues(t, len("hello\n"), r.BytesUp, "record %+v", r)
+	assert.EqualValues(t, len("SSH-2.0-test_banner\r\ngot hello\n"), r.BytesDown, "record %+v", r)
+	return r
+}
+
+// TestKernelPathRecordsAsUserSpace: the same transfer, moved by the
+// kernel path and by the user-space relay, leaves the same record but
+// for how it was moved: bytes each way, close reason, and a duration
+// that covers the connection's life.
+func TestKernelPathRecordsAsUserSpace(t *testing.T) {
+	kp := kernelPath(t)
+	up := make([]byte, 3<<20+17)
+	rand.Read(up)
+	const hold = 300 * time.Millisecond
+	records := map[string]egresslog.Record{}
+	for name, path := range map[string]KernelPath{"user": nil, "kernel": kp} {
+		w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath = path })
+		w.setNames("svc.test")
+		records[name] = echoTransfer(t, w, up, hold)
+	}
+	user, kernel := records["user"], records["kernel"]
+	assert.Equal(t, egresslog.RelaySplice, user.Relay)
+	assert.Equal(t, egresslog.RelayKernel, kernel.Relay)
+	assert.EqualValues(t, len(up), kernel.BytesUp)
+	assert.Equal(t, user.BytesUp, kernel.BytesUp, "bytes up")
+	assert.Equal(t, user.BytesDown, kernel.BytesDown, "bytes down")
+	assert.Equal(t, user.Reason, kernel.Reason, "close reason")
+	assert.Equal(t, policy.ReasonAllowedByRule, kernel.Reason, "an end without an error")
+	for name, r := range records {
+		assert.GreaterOrEqual(t, r.Duration, hold, "%s: the duration misses the connection's life", name)
+		assert.Less(t, r.Duration, hold+5*time.Second, "%s: the duration outlasts the connection", name)
+	}
+}
+
+// TestKernelPathOnlyWhereSafe: TLS passed through and CONNECT tunnels go
+// on the kernel path; a byte-rate quota keeps an agent's connections on
+// the user-space relay, held to pace.
+func TestKernelPathOnlyWhereSafe(t *testing.T) {
+	kp := kernelPath(t)
+	sp := signalled(kp)
+	w := newWorld(t, []string{"svc.test:*", "api.test:*"}, func(p *Proxy) { p.KernelPath = sp })
+	w.setNames("svc.test")
+	body, err := w.httpsGet(w.tlsAddr, "api.test")
+	require.NoError(t, err)
+	assert.Contains(t, body, w.tlsAddr.String())
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTLS && !r.Open })
+	assert.Equal(t, egresslog.RelayKernel, r.Relay, "TLS passed through: %+v", r)
+	assert.Positive(t, r.BytesUp)
+	assert.Positive(t, r.BytesDown)
+
+	c, br, resp := w.connectTo(fmt.Sprintf("svc.test:%d", w.bannerAddr.Port()))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	awaitMoved(t, sp.moved) // the TLS connection
+	r = bannerExchange(t, w, c, br, egresslog.KindConnect, sp.moved)
+	assert.Equal(t, egresslog.RelayKernel, r.Relay, "a CONNECT tunnel passed through: %+v", r)
+
+	// Said and half-closed at once: on whichever path takes it, whole.
+	r = echoTransfer(t, w, []byte("said and done"), 0)
+	assert.EqualValues(t, len("said and done"), r.BytesUp, "record %+v", r)
+	assert.EqualValues(t, len("echo:said and done"), r.BytesDown, "record %+v", r)
+
+	w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"svc.test:*"},
+		Quotas: policy.Quotas{BytesPerSecondUp: 1 << 30, BytesPerSecondDown: 1 << 30}})
+	c = w.dial(w.bannerAddr)
+	r = bannerExchange(t, w, c, bufio.NewReader(c), egresslog.KindTCP, nil)
+	assert.Equal(t, egresslog.RelaySplice, r.Relay, "a paced connection left the user-space relay: %+v", r)
+}
+
+// TestKernelPathEndsOnForgetAndRejudge: a connection on the kernel path
+// ends when its agent is forgotten, and when a policy change refuses its
+// destination, with the record the user-space relay would leave.
+func TestKernelPathEndsOnForgetAndRejudge(t *testing.T) {
+	kp := kernelPath(t)
+	reasons := map[string]string{} // of a forgotten agent's connection
+	for name, sp := range map[string]*signalledPath{"user": nil, "kernel": ptr(signalled(kp))} {
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) {
+				if sp != nil {
+					p.KernelPath = sp
+				}
+			})
+			w.setNames("svc.test")
+			open := func() (net.Conn, *bufio.Reader, uint64) {
+				c := w.dial(w.bannerAddr)
+				br := bufio.NewReader(c)
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				line, err := br.ReadString('\n')
+				require.NoError(t, err, "banner")
+				require.Equal(t, "SSH-2.0-test_banner\r\n", line)
+				require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 1 }, 5*time.Second, 10*time.Millisecond)
+				if sp != nil {
+					awaitMoved(t, sp.moved)
+				}
+				return c, br, w.log.OpenConns("a1")[0].ConnID
+			}
+			ended := func(br *bufio.Reader, id uint64) egresslog.Record {
+				_, err := br.ReadString('\n')
+				assert.Error(t, err, "the connection is still open")
+				return w.waitRecord(func(r egresslog.Record) bool { return r.ConnID == id && !r.Open })
+			}
+
+			c, br, id := open()
+			w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}})
+			w.proxy.Rejudge("a1")
+			r := ended(br, id)
+			assert.Equal(t, ReasonPolicyChanged+policy.ReasonNoRule, r.Reason, "record %+v", r)
+			assert.Equal(t, name == "kernel", r.Relay == egresslog.RelayKernel, "record %+v", r)
+			c.Close()
+
+			w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"svc.test:*"}})
+			c, br, id = open()
+			w.proxy.Forget("a1")
+			r = ended(br, id)
+			reasons[name] = r.Reason
+			c.Close()
+		})
+	}
+	for name, why := range reasons {
+		assert.Contains(t, why, net.ErrClosed.Error(), "%s: a forgotten agent's connection ended otherwise", name)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
