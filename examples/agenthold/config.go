@@ -78,11 +78,15 @@ type EgressConfig struct {
 	DefaultQuotas QuotaConfig `yaml:"default_quotas"`
 	// MaxConnections and MaxConnectionsPerAgent bound the connections the
 	// gateway holds open, in all and per agent (0: 20000 and 2000).
-	MaxConnections         int             `yaml:"max_connections"`
-	MaxConnectionsPerAgent int             `yaml:"max_connections_per_agent"`
-	UpstreamRoots          string          `yaml:"upstream_roots"`
-	TokenRefresh           []RefreshConfig `yaml:"token_refresh"`
-	Approvals              ApprovalsConfig `yaml:"approvals"`
+	MaxConnections         int `yaml:"max_connections"`
+	MaxConnectionsPerAgent int `yaml:"max_connections_per_agent"`
+	// KernelPath moves passed-through connections' bytes in the kernel
+	// (tproxy/fastpath): "auto", the default, where the kernel and the
+	// privilege allow it; "off" relays every connection in user space.
+	KernelPath    string          `yaml:"kernel_path"`
+	UpstreamRoots string          `yaml:"upstream_roots"`
+	TokenRefresh  []RefreshConfig `yaml:"token_refresh"`
+	Approvals     ApprovalsConfig `yaml:"approvals"`
 }
 
 // ApprovalsConfig tunes ask mode: how long a destination no entry allows
@@ -306,6 +310,9 @@ func (c *Config) validate() error {
 	}
 	if c.Egress.MaxConnections < 0 || c.Egress.MaxConnectionsPerAgent < 0 {
 		return fmt.Errorf("config: egress.max_connections and egress.max_connections_per_agent must not be negative")
+	}
+	if k := c.Egress.KernelPath; k != "" && k != "auto" && k != "off" {
+		return fmt.Errorf("config: egress.kernel_path must be auto or off, not %q", k)
 	}
 	if _, err := (PolicySpec{}).compile(c.gatewayPolicy()); err != nil {
 		return fmt.Errorf("config: egress.default_quotas or egress.doh_endpoints: %w", err)

@@ -308,6 +308,11 @@ func (s *server) startDataPlane() error {
 		Interceptor: s.ic, Log: s.elog, Logger: s.log, Approver: s.approvals,
 		MaxConns: s.cfg.Egress.MaxConnections, MaxConnsPerAgent: s.cfg.Egress.MaxConnectionsPerAgent,
 	}
+	if kp := s.kernelPath(); kp != nil {
+		s.proxy.KernelPath = kp
+		// Registered before the proxy, so closed after it has drained.
+		s.servers.OnStop("kernel path", func(context.Context) error { return kp.Close() })
+	}
 	s.servers.OnStop("proxy", s.proxy.Shutdown)
 	// Registered after the servers, so stopped before them: what waits
 	// for an answer is refused, and nothing holds up their drain.

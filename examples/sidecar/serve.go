@@ -35,6 +35,7 @@ import (
 	"github.com/agenthold/egress/policy/approval"
 	"github.com/agenthold/egress/policy/policyfile"
 	"github.com/agenthold/egress/tproxy"
+	"github.com/agenthold/egress/tproxy/fastpath"
 	"github.com/agenthold/egress/tproxy/nftrules"
 )
 
@@ -130,6 +131,7 @@ func cmdServe(args []string) error {
 	webhook := fs.String("approval-webhook", "", "under a policy with mode: ask, the control plane's URL asked about each destination no entry allows")
 	webhookSecret := fs.String("approval-secret", "", "the file holding the webhook's HMAC key (required with --approval-webhook)")
 	approvalTimeout := fs.Duration("approval-timeout", approval.DefaultTimeout, "how long a destination waits for the webhook's answer before it is refused")
+	kernelPath := fs.String("kernel-path", "auto", "move passed-through connections' bytes in the kernel (a BPF sockmap; needs CAP_BPF): auto, where the kernel allows it, or off")
 	var public []netip.Prefix
 	fs.Func("public", "a prefix netguard counts as public (repeatable)", func(s string) error {
 		pr, err := netip.ParsePrefix(s)
@@ -141,6 +143,9 @@ func cmdServe(args []string) error {
 	}
 	if *policyPath == "" {
 		return usageError{"serve needs --policy FILE"}
+	}
+	if *kernelPath != "auto" && *kernelPath != "off" {
+		return usageError{fmt.Sprintf("--kernel-path must be auto or off, not %q", *kernelPath)}
 	}
 	if *tunnelling != "record" && *tunnelling != "refuse" {
 		return usageError{fmt.Sprintf("--dns-tunnelling must be record or refuse, not %q", *tunnelling)}
@@ -169,7 +174,7 @@ func cmdServe(args []string) error {
 		}
 		logFile.Seal = ed25519.NewKeyFromSeed(seed)
 	}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, telemetry, public, roots, tunnel, approvals, logger)
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, telemetry, public, roots, tunnel, approvals, *kernelPath == "auto", logger)
 	if err != nil {
 		return err
 	}
@@ -213,7 +218,7 @@ func upstreamRoots(path string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, telemetry telemetry, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, logger *slog.Logger) (sc *sidecar, err error) {
+func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream string, logFile egresslog.JSONFile, telemetry telemetry, public []netip.Prefix, roots *x509.CertPool, tunnel dnsfilter.TunnelDetection, approvals *approval.Broker, kernelPath bool, logger *slog.Logger) (sc *sidecar, err error) {
 	sc = &sidecar{accepted: map[uint16]*atomic.Int64{}, servers: lifecycle.New(ctx)}
 	defer func() {
 		if err != nil {
@@ -271,6 +276,15 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	creds.SetTokenClient(sc.ic.Client(false)) // GitHub App tokens go out as intercepted requests do
 	sc.servers.OnStop("upstream pools", func(context.Context) error { sc.ic.CloseIdleConnections(); return nil })
 	sc.proxy = &tproxy.Proxy{Agents: agents, Names: sc.dns.Names, Guard: guard, Resolver: sc.dns, Interceptor: sc.ic, Log: sc.log, Logger: logger, Approver: approvals}
+	if kernelPath {
+		if kp, err := fastpath.New(tproxy.DefaultMaxConns); err != nil {
+			logger.Warn("kernel path unavailable: connections are relayed in user space", "err", err)
+		} else {
+			sc.proxy.KernelPath = kp
+			sc.servers.OnStop("kernel path", lifecycle.Closing(kp)) // closed after the proxy has drained
+			logger.Info("kernel path on: passed-through connections move between their sockets in the kernel")
+		}
+	}
 	sc.serving.Store(sc.proxy)
 	sc.servers.OnStop("proxy", sc.proxy.Shutdown)
 	sc.servers.OnStop("approvals", lifecycle.Closing(approvals)) // before the servers drain: nothing waits on an answer
