@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -26,12 +27,14 @@ import (
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/netguard"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/tproxy/fastpath"
 )
 
 // benchProxy runs a transparent proxy on loopback whose every connection
 // is "redirected" to dst, the upstream, judged by the remembered name
-// bench.test (resolved by a map, as dnsfilter's cache would).
-func benchProxy(b *testing.B, dst netip.AddrPort) string {
+// bench.test (resolved by a map, as dnsfilter's cache would), with
+// kernel as its KernelPath.
+func benchProxy(b *testing.B, dst netip.AddrPort, kernel KernelPath) string {
 	b.Helper()
 	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	require.NoError(b, err)
@@ -46,6 +49,7 @@ func benchProxy(b *testing.B, dst netip.AddrPort) string {
 		OriginalDst:      func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil },
 		MaxConns:         1 << 20,
 		MaxConnsPerAgent: 1 << 20,
+		KernelPath:       kernel,
 	}
 	ln, err := Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
@@ -63,7 +67,9 @@ func serveBench(b *testing.B, handle func(net.Conn)) netip.AddrPort {
 
 // BenchmarkBulkThroughput downloads b.N MiB on each of 1 and 4 streams,
 // directly and through the proxy, interleaved in the same run, and
-// reports both rates and their ratio.
+// reports both rates and their ratio; as root, through the proxy with
+// the kernel path too, and that ratio, and the kernel path's to the
+// proxy's own splicing relay.
 func BenchmarkBulkThroughput(b *testing.B) {
 	chunk := make([]byte, 1<<20)
 	// The upstream sends the number of MiB the client asks for.
@@ -80,8 +86,12 @@ func BenchmarkBulkThroughput(b *testing.B) {
 			}
 		}
 	})
-	proxy := benchProxy(b, up)
+	proxy := benchProxy(b, up, nil)
 	minimal := minimalSplice(b, up)
+	var kernel string
+	if kp := benchKernelPath(b); kp != nil {
+		kernel = benchProxy(b, up, kp)
+	}
 	for _, streams := range []int{1, 4} {
 		run := func(addr string, mib int) float64 {
 			var wg sync.WaitGroup
@@ -122,7 +132,29 @@ func BenchmarkBulkThroughput(b *testing.B) {
 		b.ReportMetric(proxied, "proxy-MiB/s-"+strconv.Itoa(streams))
 		b.ReportMetric(ratio, "ratio-"+strconv.Itoa(streams))
 		b.ReportMetric(minimalRatio, "minimal-relay-ratio-"+strconv.Itoa(streams))
+		if kernel != "" {
+			_, kernelRate, kernelRatio := interleave(b.N, via(kernel))
+			b.ReportMetric(kernelRate, "kernel-MiB/s-"+strconv.Itoa(streams))
+			b.ReportMetric(kernelRatio, "kernel-ratio-"+strconv.Itoa(streams))
+			b.ReportMetric(kernelRate/proxied, "kernel/splice-"+strconv.Itoa(streams))
+		}
 	}
+}
+
+// benchKernelPath is a kernel path for a benchmark, or nil where there is
+// none (not root, no kernel support): the benchmark then says why.
+func benchKernelPath(b *testing.B) *fastpath.Path {
+	if os.Getuid() != 0 {
+		b.Log("no kernel path figures: they need root")
+		return nil
+	}
+	kp, err := fastpath.New(1 << 14)
+	if err != nil {
+		b.Logf("no kernel path figures: %v", err)
+		return nil
+	}
+	b.Cleanup(func() { kp.Close() })
+	return kp
 }
 
 // interleave splits n units of work into rounds that alternate direct
@@ -147,7 +179,8 @@ func median(v []float64) float64 {
 
 // BenchmarkNewConnections opens b.N short connections (one byte each way)
 // from 8 clients, directly and through the proxy, interleaved, and reports
-// connections per second and their ratio.
+// connections per second and their ratio; as root, through the proxy with
+// the kernel path too.
 func BenchmarkNewConnections(b *testing.B) {
 	up := serveBench(b, func(c net.Conn) {
 		defer c.Close()
@@ -156,7 +189,7 @@ func BenchmarkNewConnections(b *testing.B) {
 			c.Write(buf)
 		}
 	})
-	proxy := benchProxy(b, up)
+	proxy := benchProxy(b, up, nil)
 	run := func(addr string, n int) float64 {
 		var next atomic.Int64
 		var wg sync.WaitGroup
@@ -181,15 +214,23 @@ func BenchmarkNewConnections(b *testing.B) {
 		wg.Wait()
 		return float64(n) / time.Since(start).Seconds()
 	}
-	direct, proxied, ratio := interleave(b.N, func(n int, viaProxy bool) float64 {
-		if viaProxy {
-			return run(proxy, n)
+	via := func(proxy string) func(n int, viaProxy bool) float64 {
+		return func(n int, viaProxy bool) float64 {
+			if viaProxy {
+				return run(proxy, n)
+			}
+			return run(up.String(), n)
 		}
-		return run(up.String(), n)
-	})
+	}
+	direct, proxied, ratio := interleave(b.N, via(proxy))
 	b.ReportMetric(direct, "direct-conn/s")
 	b.ReportMetric(proxied, "proxy-conn/s")
 	b.ReportMetric(ratio, "ratio")
+	if kp := benchKernelPath(b); kp != nil {
+		_, kernelRate, kernelRatio := interleave(b.N, via(benchProxy(b, up, kp)))
+		b.ReportMetric(kernelRate, "kernel-conn/s")
+		b.ReportMetric(kernelRatio, "kernel-ratio")
+	}
 }
 
 // BenchmarkLatency measures round trips of one byte on an open
@@ -200,7 +241,7 @@ func BenchmarkLatency(b *testing.B) {
 		defer c.Close()
 		io.Copy(c, c)
 	})
-	proxy := benchProxy(b, up)
+	proxy := benchProxy(b, up, nil)
 	run := func(addr string) time.Duration {
 		c, err := net.Dial("tcp", addr)
 		require.NoError(b, err)
@@ -245,7 +286,7 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 		io.Copy(io.Discard, c) // until the client goes
 		c.Close()
 	})
-	proxy := benchProxy(b, up)
+	proxy := benchProxy(b, up, nil)
 	// hold opens n idle connections to addr, waits until the upstream has
 	// them all, and returns the memory they added and a way to close them.
 	hold := func(addr string) (goBytes, rssBytes float64, closeAll func()) {
@@ -307,7 +348,7 @@ func BenchmarkServerFirstBanner(b *testing.B) {
 		io.Copy(io.Discard, c) // until the client goes
 		c.Close()
 	})
-	proxy := benchProxy(b, up)
+	proxy := benchProxy(b, up, nil)
 	run := func(addr string, n int) []time.Duration {
 		buf := make([]byte, len(banner))
 		out := make([]time.Duration, 0, n)
@@ -340,6 +381,107 @@ func BenchmarkServerFirstBanner(b *testing.B) {
 	b.ReportMetric(float64((p-d).Nanoseconds())/1e3, "added-p50-µs")
 }
 
+// BenchmarkNewTunnels opens b.N CONNECT tunnels from 8 clients, each a
+// new TCP connection with one byte each way, through the explicit proxy
+// and through a minimal CONNECT relay, interleaved with direct
+// connections, and reports tunnels per second and the proxy's ratio to
+// the relay.
+func BenchmarkNewTunnels(b *testing.B) {
+	up := serveBench(b, func(c net.Conn) {
+		defer c.Close()
+		buf := make([]byte, 1)
+		if _, err := c.Read(buf); err == nil {
+			c.Write(buf)
+		}
+	})
+	explicit := benchExplicit(b, up.Addr())
+	minimal := minimalRelay(b, up.String())
+	target := fmt.Sprintf("bench.test:%d", up.Port())
+	connect := []byte("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n")
+	once := func(proxy string) error {
+		addr := up.String()
+		if proxy != "" {
+			addr = proxy
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		r := io.Reader(c)
+		if proxy != "" {
+			c.Write(connect)
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+			if err != nil {
+				return err
+			}
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("CONNECT: %s", resp.Status)
+			}
+			r = br
+		}
+		c.Write([]byte("x"))
+		_, err = io.ReadFull(r, make([]byte, 1))
+		return err
+	}
+	run := func(proxy string) func(n int, viaProxy bool) float64 {
+		return func(n int, viaProxy bool) float64 {
+			via := ""
+			if viaProxy {
+				via = proxy
+			}
+			return parallel(b, 8, n, func() error { return once(via) })
+		}
+	}
+	direct, proxied, ratio := interleave(b.N/2, run(explicit))
+	_, relayed, minimalRatio := interleave(b.N/2, run(minimal))
+	b.ReportMetric(direct, "direct-conn/s")
+	b.ReportMetric(proxied, "tunnel-conn/s")
+	b.ReportMetric(relayed, "minimal-relay-conn/s")
+	b.ReportMetric(ratio, "ratio")
+	b.ReportMetric(minimalRatio, "minimal-relay-ratio")
+	b.ReportMetric(ratio/minimalRatio, "vs-minimal-relay")
+}
+
+// parallel runs op n times from workers goroutines and returns how many
+// it ran per second.
+func parallel(b *testing.B, workers, n int, op func() error) float64 {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if !assert.NoError(b, op()) { // not the benchmark's goroutine: no FailNow
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// benchExplicit runs the explicit proxy on loopback, allowing bench.test
+// (at addr) with no rate quota, and returns its address.
+func benchExplicit(b *testing.B, addr netip.Addr) string {
+	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	require.NoError(b, err)
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"bench.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	require.NoError(b, err)
+	p := &Proxy{
+		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "bench", pol, true },
+		Guard:    guard,
+		Resolver: testkit.Resolver{"bench.test": {addr}},
+		MaxConns: 1 << 20, MaxConnsPerAgent: 1 << 20, MaxExplicitConnsPerSource: 1 << 20,
+	}
+	ln := listenLoop(b, "127.0.0.1:0")
+	go p.ServeExplicit(ln)
+	b.Cleanup(func() { p.Close() })
+	return ln.Addr().String()
+}
+
 // BenchmarkTLSThroughTunnel opens b.N TLS 1.3 connections from 8 clients,
 // each a new TCP connection and a full handshake, directly and through a
 // CONNECT tunnel of the explicit proxy, interleaved, and reports
@@ -357,20 +499,8 @@ func BenchmarkTLSThroughTunnel(b *testing.B) {
 		tc.Close()
 	})
 	up := netip.MustParseAddrPort(ln.Addr().String())
-	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
-	require.NoError(b, err)
-	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"bench.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
-	require.NoError(b, err)
-	p := &Proxy{
-		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "bench", pol, true },
-		Guard:    guard,
-		Resolver: testkit.Resolver{"bench.test": {up.Addr()}},
-		MaxConns: 1 << 20, MaxConnsPerAgent: 1 << 20,
-	}
-	explicit := listenLoop(b, "127.0.0.1:0")
-	go p.ServeExplicit(explicit)
+	explicit := benchExplicit(b, up.Addr())
 	minimal := minimalRelay(b, up.String())
-	b.Cleanup(func() { p.Close() })
 	target := fmt.Sprintf("bench.test:%d", up.Port())
 	connect := []byte("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n")
 	handshake := func(proxy string) error {
@@ -401,32 +531,20 @@ func BenchmarkTLSThroughTunnel(b *testing.B) {
 	}
 	run := func(proxy string) func(n int, viaProxy bool) float64 {
 		return func(n int, viaProxy bool) float64 {
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			start := time.Now()
-			for range 8 {
-				wg.Go(func() {
-					for next.Add(1) <= int64(n) {
-						via := ""
-						if viaProxy {
-							via = proxy
-						}
-						if !assert.NoError(b, handshake(via)) { // not the benchmark's goroutine: no FailNow
-							return
-						}
-					}
-				})
+			via := ""
+			if viaProxy {
+				via = proxy
 			}
-			wg.Wait()
-			return float64(n) / time.Since(start).Seconds()
+			return parallel(b, 8, n, func() error { return handshake(via) })
 		}
 	}
-	direct, proxied, ratio := interleave(b.N/2, run(explicit.Addr().String()))
+	direct, proxied, ratio := interleave(b.N/2, run(explicit))
 	_, _, minimalRatio := interleave(b.N/2, run(minimal))
 	b.ReportMetric(direct, "direct-handshakes/s")
 	b.ReportMetric(proxied, "tunnel-handshakes/s")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(minimalRatio, "minimal-relay-ratio")
+	b.ReportMetric(ratio/minimalRatio, "vs-minimal-relay")
 }
 
 // minimalSplice is the least a transparent relay can do, as a yardstick:

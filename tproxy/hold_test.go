@@ -47,7 +47,7 @@ func BenchmarkHoldConnections(b *testing.B) {
 	require.NoError(b, err)
 	upstream := startHelper(b, self, "upstream", "127.0.0.2:0", n)
 	up := netip.MustParseAddrPort(upstream.addr)
-	proxy := benchProxy(b, up)
+	proxy := benchProxy(b, up, nil)
 
 	runtime.GC()
 	goBefore, rssBefore := testkit.GoMemory(), testkit.RSS()

@@ -171,7 +171,7 @@ func defaultConfig() Config {
 	return Config{
 		DataDir: "/var/lib/agenthold",
 		Egress: EgressConfig{
-			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000,
+			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000, KernelPath: "auto",
 			LogFileMaxMB: egresslog.DefaultMaxFileBytes >> 20, LogFileKeep: egresslog.DefaultKeepFiles,
 			Approvals: ApprovalsConfig{Timeout: approval.DefaultTimeout, MaxPendingPerAgent: approval.DefaultMaxPendingPerAgent},
 		},
