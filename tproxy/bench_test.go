@@ -32,9 +32,9 @@ import (
 
 // benchProxy runs a transparent proxy on loopback whose every connection
 // is "redirected" to dst, the upstream, judged by the remembered name
-// bench.test (resolved by a map, as dnsfilter's cache would), with
-// kernel as its KernelPath.
-func benchProxy(b *testing.B, dst netip.AddrPort, kernel KernelPath) string {
+// bench.test (resolved by a map, as dnsfilter's cache would), set up
+// further by configure.
+func benchProxy(b *testing.B, dst netip.AddrPort, configure ...func(*Proxy)) string {
 	b.Helper()
 	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
 	require.NoError(b, err)
@@ -49,7 +49,9 @@ func benchProxy(b *testing.B, dst netip.AddrPort, kernel KernelPath) string {
 		OriginalDst:      func(*net.TCPConn) (netip.AddrPort, error) { return dst, nil },
 		MaxConns:         1 << 20,
 		MaxConnsPerAgent: 1 << 20,
-		KernelPath:       kernel,
+	}
+	for _, f := range configure {
+		f(p)
 	}
 	ln, err := Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
@@ -86,11 +88,11 @@ func BenchmarkBulkThroughput(b *testing.B) {
 			}
 		}
 	})
-	proxy := benchProxy(b, up, nil)
+	proxy := benchProxy(b, up)
 	minimal := minimalSplice(b, up)
 	var kernel string
 	if kp := benchKernelPath(b); kp != nil {
-		kernel = benchProxy(b, up, kp)
+		kernel = benchProxy(b, up, withKernelPath(kp))
 	}
 	for _, streams := range []int{1, 4} {
 		run := func(addr string, mib int) float64 {
@@ -141,6 +143,8 @@ func BenchmarkBulkThroughput(b *testing.B) {
 	}
 }
 
+func withKernelPath(kp KernelPath) func(*Proxy) { return func(p *Proxy) { p.KernelPath = kp } }
+
 // benchKernelPath is a kernel path for a benchmark, or nil where there is
 // none (not root, no kernel support): the benchmark then says why.
 func benchKernelPath(b *testing.B) *fastpath.Path {
@@ -189,7 +193,7 @@ func BenchmarkNewConnections(b *testing.B) {
 			c.Write(buf)
 		}
 	})
-	proxy := benchProxy(b, up, nil)
+	proxy := benchProxy(b, up)
 	run := func(addr string, n int) float64 {
 		var next atomic.Int64
 		var wg sync.WaitGroup
@@ -227,7 +231,7 @@ func BenchmarkNewConnections(b *testing.B) {
 	b.ReportMetric(proxied, "proxy-conn/s")
 	b.ReportMetric(ratio, "ratio")
 	if kp := benchKernelPath(b); kp != nil {
-		_, kernelRate, kernelRatio := interleave(b.N, via(benchProxy(b, up, kp)))
+		_, kernelRate, kernelRatio := interleave(b.N, via(benchProxy(b, up, withKernelPath(kp))))
 		b.ReportMetric(kernelRate, "kernel-conn/s")
 		b.ReportMetric(kernelRatio, "kernel-ratio")
 	}
@@ -241,7 +245,7 @@ func BenchmarkLatency(b *testing.B) {
 		defer c.Close()
 		io.Copy(c, c)
 	})
-	proxy := benchProxy(b, up, nil)
+	proxy := benchProxy(b, up)
 	run := func(addr string) time.Duration {
 		c, err := net.Dial("tcp", addr)
 		require.NoError(b, err)
@@ -286,7 +290,7 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 		io.Copy(io.Discard, c) // until the client goes
 		c.Close()
 	})
-	proxy := benchProxy(b, up, nil)
+	proxy := benchProxy(b, up)
 	// hold opens n idle connections to addr, waits until the upstream has
 	// them all, and returns the memory they added and a way to close them.
 	hold := func(addr string) (goBytes, rssBytes float64, closeAll func()) {
@@ -348,7 +352,7 @@ func BenchmarkServerFirstBanner(b *testing.B) {
 		io.Copy(io.Discard, c) // until the client goes
 		c.Close()
 	})
-	proxy := benchProxy(b, up, nil)
+	proxy := benchProxy(b, up)
 	run := func(addr string, n int) []time.Duration {
 		buf := make([]byte, len(banner))
 		out := make([]time.Duration, 0, n)

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,10 +22,6 @@ import (
 	"github.com/agenthold/egress/internal/testkit"
 )
 
-// BenchmarkHoldConnections holds as many idle proxied connections as the
-// open file limit allows the proxy (two descriptors each), with the
-// clients in one helper process and the upstream in another, so that the
-// proxy's process holds nothing else: its memory per connection is the
 // init lets the test binary serve as the helper processes of
 // BenchmarkHoldConnections.
 func init() {
@@ -33,32 +30,58 @@ func init() {
 	}
 }
 
-// proxy's alone.
+// holdAddrs is how many loopback addresses the clients connect from and
+// the upstream listens on: each pair of addresses gives one port range's
+// worth of connections.
+const holdAddrs = 4
+
+// BenchmarkHoldConnections holds b.N idle proxied connections (up to what
+// the open file limit allows, two descriptors each; as root the limit is
+// raised), with the clients in one helper process and the upstream in
+// another, so that the proxy's process holds nothing else: its memory
+// per connection is the proxy's alone. It holds them on the splicing
+// relay, and, as root, on the kernel path.
+//
+//	go test -run X -bench '^BenchmarkHoldConnections$' -benchtime 50000x ./tproxy
 func BenchmarkHoldConnections(b *testing.B) {
-	var lim syscall.Rlimit
-	require.NoError(b, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
-	lim.Cur = lim.Max
-	require.NoError(b, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
-	n := min(10000, int(lim.Max-64)/2) // what the limit leaves after the process's own
-	if n < 1000 {
-		b.Skipf("the open file limit (%d) is too low", lim.Max)
-	}
 	self, err := os.Executable()
 	require.NoError(b, err)
-	upstream := startHelper(b, self, "upstream", "127.0.0.2:0", n)
-	up := netip.MustParseAddrPort(upstream.addr)
-	proxy := benchProxy(b, up, nil)
-
-	runtime.GC()
-	goBefore, rssBefore := testkit.GoMemory(), testkit.RSS()
-	clients := startHelper(b, self, "clients", proxy, n)
-	require.NoError(b, clients.wait("held"), "clients")
-	require.NoError(b, upstream.wait("held"), "upstream")
-	runtime.GC()
-	goAfter, rssAfter := testkit.GoMemory(), testkit.RSS()
-	b.ReportMetric(float64(n), "connections")
-	b.ReportMetric(float64(goAfter-goBefore)/float64(n)/1024, "go-KiB/conn")
-	b.ReportMetric(float64(rssAfter-rssBefore)/float64(n)/1024, "rss-KiB/conn")
+	hold := func(b *testing.B, kernel KernelPath) {
+		n := b.N
+		if err := raiseFileLimit(uint64(2*n + 1024)); err != nil {
+			b.Logf("open file limit: %v", err)
+		}
+		var lim syscall.Rlimit
+		require.NoError(b, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim))
+		if int(lim.Cur-256)/2 < n { // what the limit leaves after the process's own
+			b.Skipf("the open file limit (%d) is too low for %d connections", lim.Cur, n)
+		}
+		upstream := startHelper(b, self, "upstream", "127.0.0.2:0", n)
+		up := netip.MustParseAddrPort(upstream.addr)
+		var next atomic.Uint32
+		proxy := benchProxy(b, up, withKernelPath(kernel), func(p *Proxy) {
+			p.OriginalDst = func(*net.TCPConn) (netip.AddrPort, error) { // the upstream's addresses in turn
+				a := up.Addr().As4()
+				a[3] += byte(next.Add(1) % holdAddrs)
+				return netip.AddrPortFrom(netip.AddrFrom4(a), up.Port()), nil
+			}
+		})
+		runtime.GC()
+		goBefore, rssBefore := testkit.GoMemory(), testkit.RSS()
+		clients := startHelper(b, self, "clients", proxy, n)
+		require.NoError(b, clients.wait("held"), "clients")
+		require.NoError(b, upstream.wait("held"), "upstream")
+		runtime.GC()
+		goAfter, rssAfter := testkit.GoMemory(), testkit.RSS()
+		b.ReportMetric(float64(n), "connections")
+		b.ReportMetric(float64(goAfter-goBefore)/float64(n)/1024, "go-KiB/conn")
+		b.ReportMetric(float64(rssAfter-rssBefore)/float64(n)/1024, "rss-KiB/conn")
+		b.ReportMetric(float64(rssAfter)/(1<<20), "rss-MiB")
+	}
+	b.Run("splice", func(b *testing.B) { hold(b, nil) })
+	if kp := benchKernelPath(b); kp != nil {
+		b.Run("kernel", func(b *testing.B) { hold(b, kp) })
+	}
 }
 
 // helper is a helper process that prints its address, then "held".
@@ -106,33 +129,45 @@ func (h *helper) wait(word string) error {
 // sends a byte on each, and holds them. Each prints its address first
 // and "held" when it holds all n, then waits to be killed.
 func holdHelper(role string) int {
-	var lim syscall.Rlimit
-	syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
-	lim.Cur = lim.Max
-	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	addr := os.Getenv("TPROXY_HOLD_ADDR")
 	n, _ := strconv.Atoi(os.Getenv("TPROXY_HOLD_N"))
+	lim := syscall.Rlimit{Cur: uint64(n + 256), Max: uint64(n + 256)}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+		lim.Cur = lim.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
 	var held []net.Conn
 	switch role {
 	case "upstream":
-		ln, err := net.Listen("tcp", addr)
+		// The same port on holdAddrs addresses (127.0.0.2 and on), which
+		// the proxy dials in turn.
+		first, err := net.Listen("tcp", addr)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		fmt.Println(ln.Addr())
-		for len(held) < n {
-			c, err := ln.Accept()
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
+		fmt.Println(first.Addr())
+		port := first.Addr().(*net.TCPAddr).Port
+		accepted := make(chan net.Conn)
+		for i := range holdAddrs {
+			ln := first
+			if i > 0 {
+				if ln, err = net.Listen("tcp", fmt.Sprintf("127.0.0.%d:%d", 2+i, port)); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					return 1
+				}
 			}
-			held = append(held, c)
+			go acceptLoop(ln, func(c net.Conn) { accepted <- c })
+		}
+		for len(held) < n {
+			held = append(held, <-accepted)
 		}
 	case "clients":
 		fmt.Println(addr)
-		for range n {
-			c, err := net.Dial("tcp", addr)
+		for i := range n {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(1+i%holdAddrs))}}
+			c, err := d.Dial("tcp", addr)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				return 1

@@ -161,10 +161,19 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 	} else if err = writeAll(s.client, upBytes); err != nil {
 		r.abort(fmt.Sprintf("upstream->client: %v", err))
 	} else {
-		upN, downN, rec.Relay, err = r.run(s.p.KernelPath, s.p.logger)
+		// The first bytes are counted, and let go of: an open
+		// connection holds no buffer of its own.
+		upN, downN = int64(len(clientBytes)), int64(len(upBytes))
+		clientBytes, upBytes = nil, nil
+		var n, m int64
+		n, m, rec.Relay, err = r.run(s.p.KernelPath, s.p.logger)
+		upN, downN = upN+n, downN+m
 	}
-	rec.BytesUp = upN + int64(len(clientBytes))
-	rec.BytesDown = downN + int64(len(upBytes))
+	if clientBytes != nil { // not written whole: counted as they were
+		upN, downN = int64(len(clientBytes)), int64(len(upBytes))
+	}
+	rec.BytesUp = upN
+	rec.BytesDown = downN
 	rec.Reason = ReasonClosed
 	if why := r.why.Load(); why != nil {
 		rec.Reason = *why

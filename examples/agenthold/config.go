@@ -80,9 +80,11 @@ type EgressConfig struct {
 	// gateway holds open, in all and per agent (0: 20000 and 2000).
 	MaxConnections         int `yaml:"max_connections"`
 	MaxConnectionsPerAgent int `yaml:"max_connections_per_agent"`
-	// KernelPath moves passed-through connections' bytes in the kernel
-	// (tproxy/fastpath): "auto", the default, where the kernel and the
-	// privilege allow it; "off" relays every connection in user space.
+	// KernelPath "on" moves passed-through connections' bytes in the
+	// kernel (tproxy/fastpath) where the kernel and the privilege allow
+	// it; "off", the default, relays every connection in user space. It
+	// is off by default because the kernel queues what it redirects
+	// without bound when a receiver is slower than its sender.
 	KernelPath    string          `yaml:"kernel_path"`
 	UpstreamRoots string          `yaml:"upstream_roots"`
 	TokenRefresh  []RefreshConfig `yaml:"token_refresh"`
@@ -171,7 +173,7 @@ func defaultConfig() Config {
 	return Config{
 		DataDir: "/var/lib/agenthold",
 		Egress: EgressConfig{
-			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000, KernelPath: "auto",
+			ProxyPort: 15001, ExplicitPort: 15002, DNSPort: 15053, DNSTunnelling: "record", LogKeep: 5000, KernelPath: "off",
 			LogFileMaxMB: egresslog.DefaultMaxFileBytes >> 20, LogFileKeep: egresslog.DefaultKeepFiles,
 			Approvals: ApprovalsConfig{Timeout: approval.DefaultTimeout, MaxPendingPerAgent: approval.DefaultMaxPendingPerAgent},
 		},
@@ -311,8 +313,8 @@ func (c *Config) validate() error {
 	if c.Egress.MaxConnections < 0 || c.Egress.MaxConnectionsPerAgent < 0 {
 		return fmt.Errorf("config: egress.max_connections and egress.max_connections_per_agent must not be negative")
 	}
-	if k := c.Egress.KernelPath; k != "" && k != "auto" && k != "off" {
-		return fmt.Errorf("config: egress.kernel_path must be auto or off, not %q", k)
+	if k := c.Egress.KernelPath; k != "on" && k != "off" {
+		return fmt.Errorf("config: egress.kernel_path must be on or off, not %q", k)
 	}
 	if _, err := (PolicySpec{}).compile(c.gatewayPolicy()); err != nil {
 		return fmt.Errorf("config: egress.default_quotas or egress.doh_endpoints: %w", err)

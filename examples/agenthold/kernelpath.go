@@ -8,12 +8,12 @@ import (
 )
 
 // kernelPath loads the kernel path for passed-through connections, one
-// pair per connection the gateway may hold, unless the config turns it
-// off. Without the kernel's support or the privilege it says why, once,
-// and every connection is relayed in user space.
+// pair per connection the gateway may hold, if the config turns it on.
+// Without the kernel's support or the privilege it says why, once, and
+// every connection is relayed in user space.
 func (s *server) kernelPath() *fastpath.Path {
 	if s.cfg.Egress.KernelPath == "off" {
-		s.log.Info("kernel path off (egress.kernel_path): connections are relayed in user space")
+		s.log.Info("kernel path off (egress.kernel_path: on turns it on): connections are relayed in user space")
 		return nil
 	}
 	pairs := s.cfg.Egress.MaxConnections

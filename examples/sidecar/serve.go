@@ -131,7 +131,7 @@ func cmdServe(args []string) error {
 	webhook := fs.String("approval-webhook", "", "under a policy with mode: ask, the control plane's URL asked about each destination no entry allows")
 	webhookSecret := fs.String("approval-secret", "", "the file holding the webhook's HMAC key (required with --approval-webhook)")
 	approvalTimeout := fs.Duration("approval-timeout", approval.DefaultTimeout, "how long a destination waits for the webhook's answer before it is refused")
-	kernelPath := fs.String("kernel-path", "auto", "move passed-through connections' bytes in the kernel (a BPF sockmap; needs CAP_BPF): auto, where the kernel allows it, or off")
+	kernelPath := fs.String("kernel-path", "off", "on: move passed-through connections' bytes in the kernel (a BPF sockmap; needs CAP_BPF), which queues without bound for a slow receiver; off: relay them in user space")
 	var public []netip.Prefix
 	fs.Func("public", "a prefix netguard counts as public (repeatable)", func(s string) error {
 		pr, err := netip.ParsePrefix(s)
@@ -144,8 +144,8 @@ func cmdServe(args []string) error {
 	if *policyPath == "" {
 		return usageError{"serve needs --policy FILE"}
 	}
-	if *kernelPath != "auto" && *kernelPath != "off" {
-		return usageError{fmt.Sprintf("--kernel-path must be auto or off, not %q", *kernelPath)}
+	if *kernelPath != "on" && *kernelPath != "off" {
+		return usageError{fmt.Sprintf("--kernel-path must be on or off, not %q", *kernelPath)}
 	}
 	if *tunnelling != "record" && *tunnelling != "refuse" {
 		return usageError{fmt.Sprintf("--dns-tunnelling must be record or refuse, not %q", *tunnelling)}
@@ -174,7 +174,7 @@ func cmdServe(args []string) error {
 		}
 		logFile.Seal = ed25519.NewKeyFromSeed(seed)
 	}
-	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, telemetry, public, roots, tunnel, approvals, *kernelPath == "auto", logger)
+	sc, err := startSidecar(ctx, p, *policyPath, *credPath, *upstream, logFile, telemetry, public, roots, tunnel, approvals, *kernelPath == "on", logger)
 	if err != nil {
 		return err
 	}

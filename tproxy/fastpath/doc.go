@@ -13,6 +13,14 @@
 // optional: New fails with a reason without them, and the caller keeps
 // its user-space relay.
 //
+// What the verdict redirects is queued on the peer's socket without
+// bound: the kernel does not hold a sender back while the receiver is
+// slower (sockmap redirects skip TCP's memory accounting, a known kernel
+// limit; here a client wrote 1.1 GiB in 3 s to a server that read
+// nothing). A sender can make the kernel hold as much as it sends, so a
+// gateway turns the path on only for agents it trusts with the host's
+// memory.
+//
 // It is what tproxy.Proxy.KernelPath takes (Path.Move). The caller reads
 // each socket until nothing waits, or not at all, before Splice: the
 // verdict is handed whole skbs, and one read in part would go again.
