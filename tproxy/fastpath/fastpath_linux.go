@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -56,8 +57,12 @@ func New(pairs int) (*Path, error) {
 	if p.peers, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_peers", Type: ebpf.Hash, KeySize: 8, ValueSize: peerSize, MaxEntries: uint32(2 * pairs)}); err != nil {
 		return nil, fmt.Errorf("fastpath: peers map: %w", err)
 	}
+	writeSeqOff, err := writeSeqOffset()
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: %w", err)
+	}
 	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
-		Instructions: verdictProgram(p.targets, p.peers), License: "Apache-2.0"}); err != nil {
+		Instructions: verdictProgram(p.targets, p.peers, writeSeqOff), License: programLicense}); err != nil {
 		return nil, fmt.Errorf("fastpath: verdict program: %w", err)
 	}
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
@@ -83,7 +88,10 @@ type Pair struct {
 	cookies [2]uint64
 	// base is what each socket's sending side had taken before the
 	// kernel path could send on it: what it sends after is redirected.
-	base       [2]int64
+	base [2]int64
+	// relayed is what Run copied itself, of a direction the verdict left
+	// to user space.
+	relayed    [2]atomic.Int64
 	removeOnce sync.Once
 }
 
@@ -154,7 +162,7 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 // Bytes returns the bytes moved from a to b and from b to a.
 func (pr *Pair) Bytes() (aToB, bToA int64) {
 	r := pr.redirected()
-	return r[0], r[1]
+	return r[0] + pr.relayed[0].Load(), r[1] + pr.relayed[1].Load()
 }
 
 // redirected is what the verdict sent on from each side.

@@ -59,7 +59,7 @@ func TestBytesMoveInTheKernel(t *testing.T) {
 	require.NoError(t, err)
 	defer pr.Remove()
 
-	up := make([]byte, 4<<20)
+	up := make([]byte, MaxQueued/2) // less than the verdict may queue: no Run needed
 	rand.Read(up)
 	down := make([]byte, 1<<20)
 	rand.Read(down)
@@ -157,8 +157,14 @@ func BenchmarkBulk(b *testing.B) {
 		client, a, bb, server := pairUp(b)
 		pr, err := p.Splice(a, bb)
 		require.NoError(b, err)
-		defer pr.Remove()
-		return send(client, server, n)
+		ran := make(chan struct{})
+		go func() { pr.Run(a, bb); close(ran) }() // for a direction the verdict leaves to user space
+		rate := send(client, server, n)
+		client.Close()
+		server.Close()
+		<-ran
+		pr.Remove()
+		return rate
 	}
 	relay := func(n int) float64 {
 		client, a, bb, server := pairUp(b)
@@ -270,4 +276,59 @@ func TestSpliceWhileBytesFlow(t *testing.T) {
 		<-ran
 		pr.Remove()
 	}
+}
+
+// TestSlowReaderHoldsTheSenderBack: a server that reads nothing holds the
+// client back, as it would without the kernel path: what the kernel
+// queues for it stays bounded (MaxQueued and the sockets' buffers), and
+// every byte still arrives, in order, once the server reads.
+func TestSlowReaderHoldsTheSenderBack(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	type result struct {
+		up, down int64
+		err      error
+	}
+	ran := make(chan result, 1)
+	go func() {
+		up, down, err := pr.Run(a, b)
+		ran <- result{up, down, err}
+	}()
+
+	// The stream is a pattern the server can check at every offset.
+	at := func(off int) byte { return byte(off*7 + off/251) }
+	buf := make([]byte, 1<<20)
+	client.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	var sent int
+	for {
+		for k := range buf {
+			buf[k] = at(sent + k)
+		}
+		n, err := client.Write(buf)
+		sent += n
+		if err != nil {
+			break
+		}
+	}
+	t.Logf("the client sent %d KiB before it was held back", sent>>10)
+	assert.Less(t, sent, 64<<20, "the kernel took %d MiB for a server that reads nothing", sent>>20)
+
+	// Every byte arrives, in order.
+	require.NoError(t, client.CloseWrite())
+	server.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.ReadAll(server)
+	require.NoError(t, err)
+	require.Equal(t, sent, len(got))
+	for off, c := range got {
+		if c != at(off) {
+			require.Failf(t, "bytes out of order", "at offset %d", off)
+		}
+	}
+	server.Close()
+	r := <-ran
+	require.NoError(t, r.err)
+	assert.EqualValues(t, sent, r.up, "bytes counted up")
 }

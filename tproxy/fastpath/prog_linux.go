@@ -3,9 +3,20 @@
 package fastpath
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 )
+
+// programLicense is the verdict program's: the kernel lets only a
+// GPL-compatible program read its structures (tcp_sock), so the program
+// (verdictProgram's instructions, and nothing else of this module, which
+// is Apache-2.0) is offered under the BSD 2-clause license or the GPL
+// version 2, as Cilium's datapath is.
+const programLicense = "Dual BSD/GPL"
 
 // The values of a stream verdict.
 const (
@@ -13,20 +24,59 @@ const (
 	skPass = 1
 )
 
-// peer is a socket's entry in the peers map: where its bytes go, and how
-// many have gone.
+// peer is a socket's entry in the peers map: where its bytes go, how many
+// have gone, and whether the direction has left the kernel path.
 //
-//	struct peer { __u32 slot; __u32 pad; __u64 bytes; };
+//	struct peer {
+//		__u32 slot;     // the peer's slot in targets
+//		__u32 user;     // 1: the direction is relayed in user space
+//		__u64 bytes;    // bytes redirected to the peer
+//		__u32 base_seq; // the peer's write_seq at the first verdict
+//		__u32 seq_set;  // base_seq is set
+//	};
 const (
-	peerSlotOff  = 0
-	peerBytesOff = 8
-	peerSize     = 16
+	peerSlotOff    = 0
+	peerUserOff    = 4
+	peerBytesOff   = 8
+	peerBaseSeqOff = 16
+	peerSeqSetOff  = 20
+	peerSize       = 24
 )
 
+// MaxQueued bounds the bytes one direction may have redirected and its
+// peer not yet taken into its TCP send queue. The kernel does not hold a
+// sender back while a redirect waits (a sockmap redirect skips TCP's
+// memory accounting), so past this bound the verdict stops redirecting
+// that direction: its bytes go to the socket's own receive queue, where
+// they count against its receive buffer (TCP's window then holds the
+// sender back), and Run relays them in user space.
+const MaxQueued = 4 << 20
+
+// writeSeqOffset is where struct tcp_sock keeps write_seq (the sequence
+// number after the last byte queued to send), read from the kernel's BTF.
+func writeSeqOffset() (int16, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return 0, fmt.Errorf("kernel BTF: %w", err)
+	}
+	var ts *btf.Struct
+	if err := spec.TypeByName("tcp_sock", &ts); err != nil {
+		return 0, fmt.Errorf("kernel BTF: %w", err)
+	}
+	for _, m := range ts.Members {
+		if m.Name == "write_seq" {
+			return int16(m.Offset.Bytes()), nil
+		}
+	}
+	return 0, errors.New("kernel BTF: tcp_sock has no write_seq")
+}
+
 // verdictProgram redirects each skb a socket in the map receives to its
-// peer's slot, counting its bytes; a socket the peers map does not know
-// keeps its bytes (SK_PASS), for user space.
-func verdictProgram(sockets, peers *ebpf.Map) asm.Instructions {
+// peer's slot in targets, counting its bytes, while the peer has taken
+// all but MaxQueued of what was redirected to it; past that, and for a
+// socket the peers map does not know, the bytes stay with the socket
+// (SK_PASS), for user space.
+func verdictProgram(targets, peers *ebpf.Map, writeSeqOff int16) asm.Instructions {
 	return asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // the skb
 		// An skb without data (its end of stream) is not sent on: the
@@ -41,15 +91,52 @@ func verdictProgram(sockets, peers *ebpf.Map) asm.Instructions {
 		asm.LoadMapPtr(asm.R1, peers.FD()),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "pass"),
-		asm.Mov.Reg(asm.R7, asm.R0),
-		asm.LoadMem(asm.R1, asm.R6, 0, asm.Word),                   // skb->len
-		asm.AddAtomic.Mem(asm.R7, asm.R1, asm.DWord, peerBytesOff), // peer->bytes += len
+		asm.Mov.Reg(asm.R7, asm.R0), // the peer entry
+		asm.LoadMem(asm.R1, asm.R7, peerUserOff, asm.Word),
+		asm.JNE.Imm(asm.R1, 0, "pass"),
+
+		// The peer's write_seq: what it has taken to send.
+		asm.LoadMem(asm.R1, asm.R7, peerSlotOff, asm.Word),
+		asm.StoreMem(asm.RFP, -12, asm.R1, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -12),
+		asm.LoadMapPtr(asm.R1, targets.FD()),
+		asm.FnMapLookupElem.Call(), // a reference to the peer's socket
+		asm.JEq.Imm(asm.R0, 0, "user"),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.Mov.Reg(asm.R1, asm.R8),
+		asm.FnSkcToTcpSock.Call(),
+		asm.JEq.Imm(asm.R0, 0, "release"),
+		asm.LoadMem(asm.R9, asm.R0, writeSeqOff, asm.Word),
+		asm.Mov.Reg(asm.R1, asm.R8),
+		asm.FnSkRelease.Call(),
+
+		// The first verdict takes the peer's write_seq as its base.
+		asm.LoadMem(asm.R1, asm.R7, peerSeqSetOff, asm.Word),
+		asm.JNE.Imm(asm.R1, 0, "based"),
+		asm.StoreMem(asm.R7, peerBaseSeqOff, asm.R9, asm.Word),
+		asm.StoreImm(asm.R7, peerSeqSetOff, 1, asm.Word),
+		// queued = redirected - (write_seq - base), modulo 2^32.
+		asm.LoadMem(asm.R1, asm.R7, peerBaseSeqOff, asm.Word).WithSymbol("based"),
+		asm.Sub.Reg32(asm.R9, asm.R1),
+		asm.LoadMem(asm.R1, asm.R7, peerBytesOff, asm.DWord),
+		asm.Sub.Reg32(asm.R1, asm.R9),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // skb->len
+		asm.Add.Reg(asm.R1, asm.R2),
+		asm.JGT.Imm(asm.R1, MaxQueued, "user"),
+
+		asm.AddAtomic.Mem(asm.R7, asm.R2, asm.DWord, peerBytesOff), // peer->bytes += len
 		asm.LoadMem(asm.R3, asm.R7, peerSlotOff, asm.Word),
 		asm.Mov.Reg(asm.R1, asm.R6),
-		asm.LoadMapPtr(asm.R2, sockets.FD()),
+		asm.LoadMapPtr(asm.R2, targets.FD()),
 		asm.Mov.Imm(asm.R4, 0), // to the peer's egress: sent on its connection
 		asm.FnSkRedirectMap.Call(),
 		asm.Return(),
+
+		asm.Mov.Reg(asm.R1, asm.R8).WithSymbol("release"),
+		asm.FnSkRelease.Call(),
+		// From now on this direction's bytes are user space's.
+		asm.StoreImm(asm.R7, peerUserOff, 1, asm.Word).WithSymbol("user"),
 		asm.Mov.Imm(asm.R0, skPass).WithSymbol("pass"),
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, skDrop).WithSymbol("drop"),

@@ -5,7 +5,9 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -53,9 +55,10 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 }
 
 // waitEnd waits for side i's end of stream and passes it on. The
-// socket is never read: the verdict takes every byte it receives, and
-// its state says when the other end finished (or reset), which the
-// kernel signals to the poller as it changes.
+// socket is read only if the verdict leaves it bytes, once its peer fell
+// MaxQueued behind: the direction is then relayed here to its end. Its
+// state says when the other end finished (or reset), which the kernel
+// signals to the poller as it changes.
 func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 	src, dst := conns[i], conns[1-i]
 	rc, err := src.SyscallConn()
@@ -63,9 +66,15 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 		return fmt.Errorf("fastpath: %w", err)
 	}
 	var sockErr error
+	var left bool // bytes wait for user space
+	var probe [1]byte
 	err = rc.Read(func(fd uintptr) bool {
 		if e, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
 			sockErr = errors.Join(err, syscall.Errno(e))
+			return true
+		}
+		if n, _, _ := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT); n > 0 {
+			left = true
 			return true
 		}
 		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
@@ -89,16 +98,53 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 	if err != nil {
 		return fmt.Errorf("fastpath: %w", err)
 	}
+	pr.drain(i, dst)
+	if left {
+		if err := pr.relayRest(i, dst, src); err != nil {
+			return fmt.Errorf("fastpath: %w", err)
+		}
+	}
+	return dst.CloseWrite()
+}
+
+// drain waits, up to drainTimeout, until dst has taken to send every
+// byte the verdict redirected from side i.
+func (pr *Pair) drain(i int, dst *net.TCPConn) {
 	moved := pr.moved(i)
 	deadline := time.Now().Add(drainTimeout)
 	for {
 		q, err := queued(dst)
 		if err != nil || q-pr.base[1-i] >= moved || time.Now().After(deadline) {
-			break
+			return
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return dst.CloseWrite()
+}
+
+// relayBuffers are relayRest's.
+var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+// relayRest copies side i's bytes to dst until its end of stream, for a
+// direction the verdict left to user space. It reads with recvmsg (what
+// the verdict left is queued for it alone; splicing would not see it).
+func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
+	bp := relayBuffers.Get().(*[]byte)
+	defer relayBuffers.Put(bp)
+	for {
+		n, err := src.Read(*bp)
+		if n > 0 {
+			if _, werr := dst.Write((*bp)[:n]); werr != nil {
+				return werr
+			}
+			pr.relayed[i].Add(int64(n))
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // moved is what the kernel path redirected from side i.
