@@ -8,8 +8,7 @@ import "net"
 // done with its bytes: passed through (not intercepted, not plain HTTP),
 // TCP on both sides, and the agent without a byte-rate quota. Every
 // other connection, and one Move refuses, stays on the user-space relay;
-// the record's Relay says which moved it. See tproxy/fastpath for why a
-// gateway offers one only to agents it trusts with the host's memory.
+// the record's Relay says which moved it.
 type KernelPath interface {
 	// Move starts moving what each side sends to the other, beginning
 	// with what each has received and the proxy has not read. wait

@@ -82,9 +82,8 @@ type EgressConfig struct {
 	MaxConnectionsPerAgent int `yaml:"max_connections_per_agent"`
 	// KernelPath "on" moves passed-through connections' bytes in the
 	// kernel (tproxy/fastpath) where the kernel and the privilege allow
-	// it; "off", the default, relays every connection in user space. It
-	// is off by default because the kernel queues what it redirects
-	// without bound when a receiver is slower than its sender.
+	// it; "off", the default, relays every connection in user space (see
+	// agenthold.example.yaml for what each costs).
 	KernelPath    string          `yaml:"kernel_path"`
 	UpstreamRoots string          `yaml:"upstream_roots"`
 	TokenRefresh  []RefreshConfig `yaml:"token_refresh"`

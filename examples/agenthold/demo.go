@@ -185,7 +185,7 @@ egress:
   upstream_roots: %s
   log_file: %s
   log_file_audit: true
-  kernel_path: on # the demo's agents are trusted with the host's memory
+  kernel_path: on
   remote_listen: %s:15443
   remote_tls: true
   approvals:
