@@ -138,12 +138,17 @@ func TestGatewayPolicy(t *testing.T) {
 
 func TestNetworkAddrs(t *testing.T) {
 	p4, p6 := mustPrefix("10.88.0.0/16"), mustPrefix("fd00:88::/48")
-	gw4, sb4, gw6, sb6 := networkAddrs(p4, p6, 3)
+	gw4, sb4, gw6, sb6 := networkAddrs(p4, p6, 24, 3)
 	assert.Equal(t, "10.88.3.2", gw4.String(), "index 3: gateway v4")
 	assert.Equal(t, "10.88.3.10", sb4.String(), "index 3: sandbox v4")
 	assert.Equal(t, "fd00:88:0:3::2", gw6.String(), "index 3: gateway v6")
 	assert.Equal(t, "fd00:88:0:3::10", sb6.String(), "index 3: sandbox v6")
-	assert.Equal(t, 256, poolSize(p4, p6), "pool size")
+	assert.Equal(t, 256, poolSize(p4, p6, 24), "pool size")
+	// Networks of /28: sixteen to a /24, so a /16 holds 4096 agents.
+	gw4, sb4, _, _ = networkAddrs(p4, p6, 28, 17)
+	assert.Equal(t, "10.88.1.18", gw4.String(), "index 17 of /28s: gateway v4")
+	assert.Equal(t, "10.88.1.26", sb4.String(), "index 17 of /28s: sandbox v4")
+	assert.Equal(t, 4096, poolSize(p4, p6, 28), "pool size of /28s")
 }
 
 func TestExitCodes(t *testing.T) {

@@ -111,6 +111,7 @@ type agent struct {
 	gw6     netip.Addr
 	sb4     netip.Addr
 	sb6     netip.Addr
+	bits4   int // the length of its IPv4 network's prefix
 }
 
 var validAgentName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
@@ -342,12 +343,13 @@ func linkPrefix(dataDir string) string { return "ah" + dataDirTag(dataDir) + "g"
 // replaces any of the same name.
 func tableName(dataDir string) string { return "agenthold_" + dataDirTag(dataDir) }
 
-// networkAddrs computes an agent's addresses from its index in the pools:
-// the gateway at .2 and ::2, the sandbox at .10 and ::10.
-func networkAddrs(pool4, pool6 netip.Prefix, index int) (gw4, sb4, gw6, sb6 netip.Addr) {
+// networkAddrs computes an agent's addresses from its index in the pools,
+// each agent's IPv4 network bits4 long: the gateway at .2 and ::2, the
+// sandbox at .10 and ::10.
+func networkAddrs(pool4, pool6 netip.Prefix, bits4, index int) (gw4, sb4, gw6, sb6 netip.Addr) {
 	b4 := pool4.Masked().Addr().As4()
 	base := uint32(b4[0])<<24 | uint32(b4[1])<<16 | uint32(b4[2])<<8 | uint32(b4[3])
-	base += uint32(index) << 8
+	base += uint32(index) << (32 - bits4)
 	at4 := func(host uint32) netip.Addr {
 		v := base + host
 		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
@@ -363,8 +365,8 @@ func networkAddrs(pool4, pool6 netip.Prefix, index int) (gw4, sb4, gw6, sb6 neti
 }
 
 // poolSize is how many agent networks the pools hold.
-func poolSize(pool4, pool6 netip.Prefix) int {
-	return min(1<<(24-pool4.Bits()), 1<<(64-pool6.Bits()))
+func poolSize(pool4, pool6 netip.Prefix, bits4 int) int {
+	return min(1<<(bits4-pool4.Bits()), 1<<(64-pool6.Bits()))
 }
 
 // wire creates the agent's namespace, or adopts it (one the operator
@@ -398,7 +400,7 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 	}
 	steps := [][]string{
 		{"link", "add", a.gwIface, "type", "veth", "peer", "name", "eth0", "netns", a.ns.Name},
-		{"addr", "add", a.gw4.String() + "/24", "dev", a.gwIface},
+		{"addr", "add", a.gw4.String() + "/" + strconv.Itoa(a.bits4), "dev", a.gwIface},
 		{"addr", "add", a.gw6.String() + "/64", "dev", a.gwIface, "nodad"},
 		{"link", "set", a.gwIface, "up"},
 	}
@@ -421,7 +423,7 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 	}
 	sandbox := [][]string{
 		{"link", "set", "lo", "up"},
-		{"addr", "add", a.sb4.String() + "/24", "dev", "eth0"},
+		{"addr", "add", a.sb4.String() + "/" + strconv.Itoa(a.bits4), "dev", "eth0"},
 		{"addr", "add", a.sb6.String() + "/64", "dev", "eth0", "nodad"},
 		{"link", "set", "eth0", "up"},
 		{"route", "replace", "default", "via", a.gw4.String()},

@@ -136,11 +136,13 @@ type SecretsConfig struct {
 	MasterKeyFile string `yaml:"master_key_file"`
 }
 
-// NetworkConfig is the address pool of agent networks: one /24 (and one
-// IPv6 /64) per agent, the gateway at .2 and the sandbox at .10.
+// NetworkConfig is the address pool of agent networks: one IPv4 network
+// of AgentPrefix4 bits (24 to 28; 24 by default) and one IPv6 /64 per
+// agent, the gateway at .2 and the sandbox at .10 of it.
 type NetworkConfig struct {
-	Pool4 string `yaml:"pool4"`
-	Pool6 string `yaml:"pool6"`
+	Pool4        string `yaml:"pool4"`
+	Pool6        string `yaml:"pool6"`
+	AgentPrefix4 int    `yaml:"agent_prefix4"`
 }
 
 // SandboxConfig is how exec runs an agent's commands.
@@ -176,7 +178,7 @@ func defaultConfig() Config {
 			LogFileMaxMB: egresslog.DefaultMaxFileBytes >> 20, LogFileKeep: egresslog.DefaultKeepFiles,
 			Approvals: ApprovalsConfig{Timeout: approval.DefaultTimeout, MaxPendingPerAgent: approval.DefaultMaxPendingPerAgent},
 		},
-		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48"},
+		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48", AgentPrefix4: 24},
 		Sandbox: SandboxConfig{UIDBase: defaultUIDBase, HomeSizeMB: defaultHomeSizeMB},
 	}
 }
@@ -332,9 +334,12 @@ func (c *Config) validate() error {
 			}
 		}
 	}
+	if b := c.Network.AgentPrefix4; b < 24 || b > 28 {
+		return fmt.Errorf("config: network.agent_prefix4 must be 24 to 28 (the sandbox is .10 of its network), not %d", b)
+	}
 	p4, err := netip.ParsePrefix(c.Network.Pool4)
-	if err != nil || !p4.Addr().Is4() || p4.Bits() > 23 {
-		return fmt.Errorf("config: network.pool4: %q is not an IPv4 prefix of /23 or wider", c.Network.Pool4)
+	if err != nil || !p4.Addr().Is4() || p4.Bits() >= c.Network.AgentPrefix4 {
+		return fmt.Errorf("config: network.pool4: %q is not an IPv4 prefix wider than network.agent_prefix4 (/%d)", c.Network.Pool4, c.Network.AgentPrefix4)
 	}
 	p6, err := netip.ParsePrefix(c.Network.Pool6)
 	if err != nil || !p6.Addr().Is6() || p6.Bits() > 56 {

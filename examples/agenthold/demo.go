@@ -193,6 +193,7 @@ egress:
 network:
   pool4: 198.19.0.0/16
   pool6: fd00:a9::/48
+  agent_prefix4: 28
 sandbox:
   home_size_mb: 64
 `, data, w.internet.rootFile, filepath.Join(w.dir, "egress.jsonl"), gatewayUplink)

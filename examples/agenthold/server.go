@@ -390,15 +390,15 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 	}
 	// Keep a persisted index, so that a sandbox's addresses survive a
 	// restart; otherwise take the lowest free one.
-	if spec, err = s.agents.allocate(spec, poolSize(s.pool4, s.pool6)); err != nil {
+	if spec, err = s.agents.allocate(spec, poolSize(s.pool4, s.pool6, s.cfg.Network.AgentPrefix4)); err != nil {
 		return nil, err
 	}
 	if spec, err = s.sandboxIDs(spec); err != nil {
 		return nil, err
 	}
-	a := &agent{spec: spec, uid: spec.UID, gid: spec.GID}
+	a := &agent{spec: spec, uid: spec.UID, gid: spec.GID, bits4: s.cfg.Network.AgentPrefix4}
 	a.policy.Store(pol)
-	a.gw4, a.sb4, a.gw6, a.sb6 = networkAddrs(s.pool4, s.pool6, spec.Index)
+	a.gw4, a.sb4, a.gw6, a.sb6 = networkAddrs(s.pool4, s.pool6, a.bits4, spec.Index)
 	if err := s.makeHome(a); err != nil {
 		return nil, err
 	}
@@ -410,8 +410,10 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 		unwire(a)
 		return nil, err
 	}
+	// The agent's gateway addresses need no refresh of the guard's own:
+	// they are in the pools, which it never dials (openGuard). Listing
+	// the host's addresses again would cost a dump of every agent's link.
 	err = s.agents.add(a)
-	s.refreshOwnAddrs()
 	s.log.Info("agent up", "agent", spec.Name, "netns", a.ns.Name, "sandbox", a.sb4, "gateway", a.gw4, "uid", a.uid, "gid", a.gid)
 	return a, err
 }

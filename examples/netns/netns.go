@@ -118,9 +118,20 @@ func Links() ([]string, error) {
 }
 
 // LinkExists reports whether the caller's namespace has an interface name.
+// It asks for that one interface (SIOCGIFINDEX): net.InterfaceByName
+// lists them all, which a gateway of a thousand agents' links would pay
+// on every agent it adds.
 func LinkExists(name string) bool {
-	_, err := net.InterfaceByName(name)
-	return err == nil
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return false
+	}
+	return unix.IoctlIfreq(fd, unix.SIOCGIFINDEX, ifr) == nil
 }
 
 // Path is the namespace's bind mount, for setns or nftables.
@@ -182,13 +193,21 @@ func (n *NS) Sysctl(setting string) error {
 
 // Do runs f on an OS thread that is inside the namespace. Sockets f
 // creates belong to the namespace and may be used from any goroutine
-// afterwards. The thread is discarded when f returns.
+// afterwards. The thread goes back to its own namespace when f returns,
+// or, if it cannot, is discarded. (Going back matters: a goroutine that
+// exits locked to the process's main thread does not end that thread,
+// and the main thread's namespace is the one /proc/PID/ns/net shows, so
+// the whole process would seem to live in the namespace.)
 func (n *NS) Do(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread leaves with the goroutine, and never
-		// serves other goroutines from inside the namespace.
 		runtime.LockOSThread()
+		home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("netns: this thread's namespace: %w", err)
+			return
+		}
+		defer unix.Close(home)
 		fd, err := unix.Open(n.Path(), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			errc <- fmt.Errorf("netns: open %s: %w", n.Name, err)
@@ -199,7 +218,11 @@ func (n *NS) Do(f func() error) error {
 			errc <- fmt.Errorf("netns: enter %s: %w", n.Name, err)
 			return
 		}
-		errc <- f()
+		err = f()
+		if unix.Setns(home, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread() // home again: the thread may serve others
+		}
+		errc <- err
 	}()
 	return <-errc
 }
