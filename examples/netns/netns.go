@@ -149,6 +149,12 @@ func (n *NS) IP(args ...string) error {
 	return IP(append([]string{"-n", n.Name}, args...)...)
 }
 
+// IPBatch runs commands, each the arguments of one `ip -n NAME` command,
+// in one `ip` process, stopping at the first that fails.
+func (n *NS) IPBatch(commands ...[]string) error {
+	return IPBatch(append([]string{"-n", n.Name}, "-batch", "-"), commands...)
+}
+
 // Command returns a command that runs inside the namespace.
 func (n *NS) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
@@ -246,6 +252,27 @@ func IP(args ...string) error {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// IPBatch runs `ip OPTIONS...` once, with commands (each the arguments of
+// one ip command, none holding a space) on its standard input: one
+// process, and one switch of namespace, for them all, where each is
+// otherwise a process of its own, whose cost grows with the host's
+// mounts.
+func IPBatch(options []string, commands ...[]string) error {
+	var script strings.Builder
+	for _, c := range commands {
+		script.WriteString(strings.Join(c, " "))
+		script.WriteByte('\n')
+	}
+	cmd := exec.Command("ip", options...)
+	cmd.Env = minimalEnv
+	cmd.Stdin = strings.NewReader(script.String())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(options, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
