@@ -428,10 +428,21 @@ func (c *console) approvalsPage(w http.ResponseWriter, _ *http.Request, sess con
 }
 
 // approvalEvents says when an approval request is raised, so that the
-// page reloads its list.
+// page reloads its list. Its first event is what waits once it follows
+// (the IDs): a request raised after the page was drawn and before it
+// followed is not missed.
 func (c *console) approvalEvents(w http.ResponseWriter, r *http.Request, _ consoleSession) {
 	raised := c.s.approvals.Follow(r.Context())
+	pending := []string{}
+	for _, p := range c.s.approvals.Pending() {
+		pending = append(pending, p.ID)
+	}
+	first := true
 	c.stream(w, r, func() (any, bool) {
+		if first {
+			first = false
+			return map[string][]string{"pending": pending}, true
+		}
 		req, ok := <-raised
 		return req, ok
 	})

@@ -270,3 +270,31 @@ func mustURL(tb testing.TB, s string) *url.URL {
 	require.NoError(tb, err)
 	return u
 }
+
+// TestConsoleApprovalEventsStartWithWhatWaits: the approvals stream's
+// first event is what waits when it starts following, so that a request
+// raised between the page's drawing and its following is not missed.
+func TestConsoleApprovalEventsStartWithWhatWaits(t *testing.T) {
+	w := newConsoleWorld(t, 1)
+	c := w.client()
+	w.login(c)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	pol := w.s.agents.get("agent0").policy.Load()
+	go policy.Ask(ctx, w.s.approvals, "agent0", pol.Decide("docs.example", 443), 443, "tls", nil)
+	require.Eventually(t, func() bool { return len(w.s.approvals.Pending()) == 1 }, 5*time.Second, time.Millisecond)
+	id := w.s.approvals.Pending()[0].ID
+
+	req, _ := http.NewRequestWithContext(ctx, "GET", w.srv.URL+"/approvals/events", nil)
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	for lines.Scan() {
+		if data, ok := strings.CutPrefix(lines.Text(), "data: "); ok {
+			assert.JSONEq(t, `{"pending":["`+id+`"]}`, data, "the first event")
+			return
+		}
+	}
+	t.Fatal("no event")
+}

@@ -22,7 +22,14 @@ document.addEventListener("DOMContentLoaded", () => {
   if (page === "traffic") traffic();
   if (page === "approvals") {
     const events = new EventSource("/approvals/events");
-    events.onmessage = () => window.location.reload();
+    const shown = [...document.querySelectorAll("#approvals tr[data-id]")].map((tr) => tr.dataset.id).sort().join(" ");
+    events.onmessage = (e) => {
+      const m = JSON.parse(e.data);
+      // The first event is what waits now: a reload only if the list
+      // drawn is not that.
+      if (m.pending && m.pending.sort().join(" ") === shown) return;
+      window.location.reload();
+    };
   }
 });
 
