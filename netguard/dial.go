@@ -198,6 +198,9 @@ func interleave(addrs []netip.AddrPort) []netip.AddrPort {
 // one before fails, and returns the first connection; the others are
 // cancelled, and any that connect anyway are closed.
 func race(ctx context.Context, nd *net.Dialer, network string, addrs []netip.AddrPort, delay time.Duration) (net.Conn, error) {
+	if len(addrs) == 1 { // nothing to race: no goroutine, no channel
+		return nd.DialContext(ctx, network, addrs[0].String())
+	}
 	if delay == 0 {
 		delay = DefaultFallbackDelay
 	}
