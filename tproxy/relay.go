@@ -129,7 +129,12 @@ func (r *relay) sinceActive() time.Duration {
 
 // relay writes what each side sent before the decision to the other, then
 // splices both directions until both are done, and records the connection.
-func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBytes, upBytes []byte) {
+//
+// clientBytes and upBytes are the caller's variables holding them: relay
+// sets them to nil once the bytes are written, so that no frame below an
+// open connection keeps its first bytes' buffer (a variable passed by
+// value stays live in the caller for the whole call).
+func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBytes, upBytes *[]byte) {
 	if t.decision.Requests {
 		// Every spliced path passes here: bytes the gateway does not read
 		// never go to a host whose requests the policy must judge.
@@ -154,23 +159,17 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 		defer s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), t, upAddr) })()
 	}
 
-	var upN, downN int64
+	upN, downN := int64(len(*clientBytes)), int64(len(*upBytes))
 	var err error
-	if err = writeAll(up, clientBytes); err != nil {
+	if err = writeAll(up, *clientBytes); err != nil {
 		r.abort(fmt.Sprintf("client->upstream: %v", err))
-	} else if err = writeAll(s.client, upBytes); err != nil {
+	} else if err = writeAll(s.client, *upBytes); err != nil {
 		r.abort(fmt.Sprintf("upstream->client: %v", err))
 	} else {
-		// The first bytes are counted, and let go of: an open
-		// connection holds no buffer of its own.
-		upN, downN = int64(len(clientBytes)), int64(len(upBytes))
-		clientBytes, upBytes = nil, nil
+		*clientBytes, *upBytes = nil, nil // counted, and let go of
 		var n, m int64
 		n, m, rec.Relay, err = r.run(s.p.KernelPath, s.p.logger)
 		upN, downN = upN+n, downN+m
-	}
-	if clientBytes != nil { // not written whole: counted as they were
-		upN, downN = int64(len(clientBytes)), int64(len(upBytes))
 	}
 	rec.BytesUp = upN
 	rec.BytesDown = downN

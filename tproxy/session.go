@@ -480,7 +480,7 @@ func (s *session) run(buffered []byte) {
 				// The server spoke first: other TCP, judged by the
 				// speculative target already.
 				up, _, _ := sp.take()
-				s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, cr.buf, r.buf)
+				s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, &cr.buf, &r.buf)
 				return
 			}
 		}
@@ -512,7 +512,7 @@ func (s *session) run(buffered []byte) {
 
 	switch sniff(buf) {
 	case protoTLS:
-		s.serveTLS(buf, &sp)
+		s.serveTLS(&buf, &sp)
 	case protoHTTP:
 		sp.discard()
 		s.p.handoffHTTP(s, buf)
@@ -527,13 +527,17 @@ func (s *session) run(buffered []byte) {
 			s.dialFailed(egresslog.KindTCP, sp.target, err)
 			return
 		}
-		s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, buf, early)
+		s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, &buf, &early)
 	}
 }
 
 // serveTLS reads the whole ClientHello, judges its server name, and
-// intercepts, splices or refuses.
-func (s *session) serveTLS(buf []byte, sp *speculation) {
+// intercepts, splices or refuses. It takes the caller's buffer (*bufp,
+// set to nil), so that only relay's hold on it remains while the
+// connection is open.
+func (s *session) serveTLS(bufp *[]byte, sp *speculation) {
+	buf := *bufp
+	*bufp = nil
 	maxHello := orDefault(s.p.MaxHelloSize, DefaultMaxHelloSize)
 	s.client.SetReadDeadline(time.Now().Add(orDefault(s.p.HelloTimeout, DefaultHelloTimeout)))
 	for {
@@ -605,7 +609,7 @@ func (s *session) serveTLS(buf []byte, sp *speculation) {
 		s.dialFailed(egresslog.KindTLS, t, err)
 		return
 	}
-	s.relay(kindOr(s.kind, egresslog.KindTLS), up, t, buf, early)
+	s.relay(kindOr(s.kind, egresslog.KindTLS), up, t, &buf, &early)
 }
 
 func kindOr(k, def egresslog.Kind) egresslog.Kind {
