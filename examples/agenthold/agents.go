@@ -394,7 +394,9 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 	a.gwIface = linkName(dataDir, a.spec.Index)
 	// A pair left by a crashed server goes, and with it its sandbox end.
 	if netns.LinkExists(a.gwIface) {
-		if err := netns.IP("link", "del", a.gwIface); err != nil {
+		// (or by a deleted agent's namespace, which the kernel tears
+		// down in the background: gone meanwhile is gone)
+		if err := netns.IP("link", "del", a.gwIface); err != nil && netns.LinkExists(a.gwIface) {
 			return err
 		}
 	}
@@ -448,11 +450,15 @@ func (a *agent) resolvConf() string { return "nameserver " + a.gw4.String() + "\
 
 // unwire removes the veth pair and, if agenthold made it, the namespace.
 func unwire(a *agent) {
+	// Deleting a namespace agenthold made takes the pair with it (its end
+	// there goes, and a veth's ends go together) without the wait for a
+	// grace period that deleting the link costs (some 20 ms); a gateway
+	// end still there when the index is wired again is removed then.
+	if a.created && a.ns != nil && a.ns.Delete() == nil {
+		return
+	}
 	if a.gwIface != "" {
 		netns.IP("link", "del", a.gwIface) // also removes the sandbox's end
-	}
-	if a.created && a.ns != nil {
-		a.ns.Delete()
 	}
 }
 
