@@ -91,7 +91,9 @@ type Pair struct {
 	base [2]int64
 	// relayed is what Run copied itself, of a direction the verdict left
 	// to user space.
-	relayed    [2]atomic.Int64
+	relayed [2]atomic.Int64
+	// failed is the first error of either direction, which ends both.
+	failed     atomic.Pointer[error]
 	removeOnce sync.Once
 }
 
@@ -119,7 +121,7 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 			return nil, err
 		}
 		pr.cookies[i] = cookie
-		if pr.base[i], err = queued(c); err != nil {
+		if pr.base[i], _, err = queued(c); err != nil {
 			pr.Remove()
 			return nil, fmt.Errorf("fastpath: send queue: %w", err)
 		}

@@ -33,6 +33,8 @@ const (
 //		__u64 bytes;    // bytes redirected to the peer
 //		__u32 base_seq; // the peer's write_seq at the first verdict
 //		__u32 seq_set;  // base_seq is set
+//		__u32 avg_len;  // the recent skbs' mean length (a moving average)
+//		__u32 pad;
 //	};
 const (
 	peerSlotOff    = 0
@@ -40,17 +42,25 @@ const (
 	peerBytesOff   = 8
 	peerBaseSeqOff = 16
 	peerSeqSetOff  = 20
-	peerSize       = 24
+	peerAvgLenOff  = 24
+	peerSize       = 32
 )
 
-// MaxQueued bounds the bytes one direction may have redirected and its
-// peer not yet taken into its TCP send queue. The kernel does not hold a
-// sender back while a redirect waits (a sockmap redirect skips TCP's
-// memory accounting), so past this bound the verdict stops redirecting
-// that direction: its bytes go to the socket's own receive queue, where
-// they count against its receive buffer (TCP's window then holds the
-// sender back), and Run relays them in user space.
+// MaxQueued bounds what one direction may have redirected and its peer
+// not yet taken into its TCP send queue: the bytes, each skb charged
+// skbOverhead more (scaled by the recent skbs' mean length, since the
+// skbs waiting are not seen one by one), so that a sender of one-byte
+// segments is held to as little memory as one of full ones. The kernel
+// does not hold a sender back while a redirect waits (a sockmap redirect
+// skips TCP's memory accounting), so past this bound the verdict stops
+// redirecting that direction: its bytes go to the socket's own receive
+// queue, where they count against its receive buffer (TCP's window then
+// holds the sender back), and Run relays them in user space.
 const MaxQueued = 4 << 20
+
+// skbOverhead is what a queued skb costs beyond its bytes, about: the
+// sk_buff, its shared info and the slab's rounding.
+const skbOverhead = 1 << 10
 
 // writeSeqOffset is where struct tcp_sock keeps write_seq (the sequence
 // number after the last byte queued to send), read from the kernel's BTF.
@@ -123,6 +133,26 @@ func verdictProgram(targets, peers *ebpf.Map, writeSeqOff int16) asm.Instruction
 		asm.Sub.Reg32(asm.R1, asm.R9),
 		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // skb->len
 		asm.Add.Reg(asm.R1, asm.R2),
+		// avg_len += (len - avg_len) / 8, as avg_len - avg_len/8 + len/8,
+		// at least 1.
+		asm.LoadMem(asm.R3, asm.R7, peerAvgLenOff, asm.Word),
+		asm.JNE.Imm(asm.R3, 0, "averaged"),
+		asm.Mov.Reg(asm.R3, asm.R2),
+		asm.Ja.Label("clamped"),
+		asm.Mov.Reg(asm.R4, asm.R3).WithSymbol("averaged"),
+		asm.RSh.Imm(asm.R4, 3),
+		asm.Sub.Reg(asm.R3, asm.R4),
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.RSh.Imm(asm.R4, 3),
+		asm.Add.Reg(asm.R3, asm.R4),
+		asm.JNE.Imm(asm.R3, 0, "clamped"),
+		asm.Mov.Imm(asm.R3, 1),
+		asm.StoreMem(asm.R7, peerAvgLenOff, asm.R3, asm.Word).WithSymbol("clamped"),
+		// charged = queued + queued * skbOverhead / avg_len
+		asm.Mov.Reg(asm.R4, asm.R1),
+		asm.LSh.Imm(asm.R4, 10), // * skbOverhead
+		asm.Div.Reg(asm.R4, asm.R3),
+		asm.Add.Reg(asm.R1, asm.R4),
 		asm.JGT.Imm(asm.R1, MaxQueued, "user"),
 
 		asm.AddAtomic.Mem(asm.R7, asm.R2, asm.DWord, peerBytesOff), // peer->bytes += len

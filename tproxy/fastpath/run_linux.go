@@ -8,32 +8,28 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// drainTimeout bounds the wait for a side's bytes to leave the kernel
-// path before its end of stream is passed on.
-var drainTimeout = 5 * time.Second
-
 // Run waits until both directions of the pair have ended, passing each
 // end of stream on as a half-close once every byte before it has been
-// queued on the other side, and returns the bytes moved each way. An
+// queued on the other side (however long the other side's receiver
+// takes: an end passed on ahead of bytes still queued would cut the
+// stream short), and returns the bytes moved each way. An
 // error on either side (a reset) ends both at once, and is the one Run
 // returns. The sockets stay open: the caller closes them (after Remove).
 //
 // Nothing is polled while bytes move: each side's end is a change of its
-// socket's state, which wakes the poller. Only at an end does Run wait,
-// briefly, for the last bytes to be queued. It waits for b in a new
+// socket's state, which wakes the poller. Only at an end does Run wait
+// for the last bytes to be queued, asking less and less often. It waits for b in a new
 // goroutine and for a in the caller's, as a relay copies.
 func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	conns := [2]*net.TCPConn{a, b}
-	var first atomic.Pointer[error] // the cause; the other side's error follows from it
 	wait := func(i int) {
-		if err := pr.waitEnd(i, conns); err != nil && first.CompareAndSwap(nil, &err) {
+		if err := pr.waitEnd(i, conns); err != nil && pr.failed.CompareAndSwap(nil, &err) {
 			for _, c := range conns {
 				c.SetLinger(0)
 				c.SetReadDeadline(time.Now()) // the other side's wait returns
@@ -48,7 +44,7 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	wait(0)
 	<-done
 	aToB, bToA = pr.Bytes()
-	if e := first.Load(); e != nil {
+	if e := pr.failed.Load(); e != nil {
 		err = *e
 	}
 	return aToB, bToA, err
@@ -98,7 +94,9 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 	if err != nil {
 		return fmt.Errorf("fastpath: %w", err)
 	}
-	pr.drain(i, dst)
+	if err := pr.drain(i, dst); err != nil {
+		return fmt.Errorf("fastpath: %w", err)
+	}
 	if left {
 		if err := pr.relayRest(i, dst, src); err != nil {
 			return fmt.Errorf("fastpath: %w", err)
@@ -107,17 +105,27 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 	return dst.CloseWrite()
 }
 
-// drain waits, up to drainTimeout, until dst has taken to send every
-// byte the verdict redirected from side i.
-func (pr *Pair) drain(i int, dst *net.TCPConn) {
+// drain waits until dst has taken to send every byte the verdict
+// redirected from side i, asking after 1 ms, then less often, up to every
+// 50 ms: a receiver that never takes them holds the connection until it
+// is closed (the idle timeout, say), as it would hold a relay's write.
+// It gives up when dst's connection is gone (its bytes with it) or the
+// other direction failed.
+func (pr *Pair) drain(i int, dst *net.TCPConn) error {
 	moved := pr.moved(i)
-	deadline := time.Now().Add(drainTimeout)
-	for {
-		q, err := queued(dst)
-		if err != nil || q-pr.base[1-i] >= moved || time.Now().After(deadline) {
-			return
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		q, closed, err := queued(dst)
+		switch {
+		case err != nil:
+			return err
+		case q-pr.base[1-i] >= moved:
+			return nil
+		case closed:
+			return errors.New("the other side's connection ended before it took every byte")
+		case pr.failed.Load() != nil:
+			return errors.New("the other direction failed")
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(wait)
 	}
 }
 
@@ -152,11 +160,11 @@ func (pr *Pair) moved(i int) int64 {
 	return pr.redirected()[i]
 }
 
-// queued is how many bytes c's sending side has taken so far: acknowledged,
-// and still in its send queue.
-func queued(c *net.TCPConn) (int64, error) {
-	var n int64
-	err := withFD(c, func(fd int) error {
+// queued is how many bytes c's sending side has taken so far
+// (acknowledged, and still in its send queue), and whether its
+// connection is gone (closed, or reset).
+func queued(c *net.TCPConn) (n int64, closed bool, err error) {
+	err = withFD(c, func(fd int) error {
 		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 		if err != nil {
 			return err
@@ -166,7 +174,8 @@ func queued(c *net.TCPConn) (int64, error) {
 			return err
 		}
 		n = int64(info.Bytes_acked) + int64(outq)
+		closed = info.State == unix.BPF_TCP_CLOSE
 		return nil
 	})
-	return n, err
+	return n, closed, err
 }
