@@ -33,6 +33,6 @@
 // verdict is handed whole skbs, and one read in part would go again.
 //
 // On loopback here it moves bulk data at 0.44-0.49 of a direct
-// connection, 1.32-1.41 of a relay that splices (go test -run X -bench
+// connection, 1.32-1.46 of a relay that splices (go test -run X -bench
 // '^BenchmarkBulk$' -benchtime 320000000x ./tproxy/fastpath).
 package fastpath
