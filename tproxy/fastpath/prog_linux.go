@@ -150,7 +150,7 @@ func verdictProgram(targets, peers *ebpf.Map, writeSeqOff int16) asm.Instruction
 		asm.StoreMem(asm.R7, peerAvgLenOff, asm.R3, asm.Word).WithSymbol("clamped"),
 		// charged = queued + queued * skbOverhead / avg_len
 		asm.Mov.Reg(asm.R4, asm.R1),
-		asm.LSh.Imm(asm.R4, 10), // * skbOverhead
+		asm.Mul.Imm(asm.R4, skbOverhead),
 		asm.Div.Reg(asm.R4, asm.R3),
 		asm.Add.Reg(asm.R1, asm.R4),
 		asm.JGT.Imm(asm.R1, MaxQueued, "user"),
