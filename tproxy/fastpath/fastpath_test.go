@@ -431,3 +431,44 @@ func slab(t *testing.T) int64 {
 	require.Fail(t, "no Slab in /proc/meminfo")
 	return 0
 }
+
+// TestClientGoneBeforeTheServerEnds: a client that has read its answer
+// and closed, whose kernel then resets what the server sends after (a TLS
+// close_notify, say), ends the pair without an error once the server
+// ends, as a relay's would: there is nothing left to tell the client.
+func TestClientGoneBeforeTheServerEnds(t *testing.T) {
+	p := newPath(t)
+	for round := range 20 {
+		client, a, b, server := pairUp(t)
+		pr, err := p.Splice(a, b)
+		require.NoError(t, err)
+		ran := make(chan error, 1)
+		go func() {
+			_, _, err := pr.Run(a, b)
+			ran <- err
+		}()
+		_, err = client.Write([]byte("request"))
+		require.NoError(t, err)
+		got := make([]byte, len("request"))
+		server.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.ReadFull(server, got)
+		require.NoError(t, err)
+		_, err = server.Write([]byte("answer"))
+		require.NoError(t, err)
+		client.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.ReadFull(client, make([]byte, len("answer")))
+		require.NoError(t, err)
+		client.Close()
+		time.Sleep(20 * time.Millisecond)
+		server.Write([]byte("goodbye")) // to a client gone: reset
+		time.Sleep(20 * time.Millisecond)
+		server.Close()
+		select {
+		case err := <-ran:
+			assert.NoError(t, err, "round %d", round)
+		case <-time.After(10 * time.Second):
+			require.Fail(t, "Run did not end", "round %d", round)
+		}
+		pr.Remove()
+	}
+}
