@@ -400,52 +400,64 @@ func BenchmarkNewTunnels(b *testing.B) {
 	})
 	explicit := benchExplicit(b, up.Addr())
 	minimal := minimalRelay(b, up.String())
-	target := fmt.Sprintf("bench.test:%d", up.Port())
-	connect := []byte("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n")
-	once := func(proxy string) error {
-		addr := up.String()
-		if proxy != "" {
-			addr = proxy
-		}
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		r := io.Reader(c)
-		if proxy != "" {
-			c.Write(connect)
-			br := bufio.NewReader(c)
-			resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-			if err != nil {
-				return err
-			}
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("CONNECT: %s", resp.Status)
-			}
-			r = br
-		}
+	compareTunnels(b, up, explicit, minimal, "conn/s", func(c net.Conn) error {
 		c.Write([]byte("x"))
-		_, err = io.ReadFull(r, make([]byte, 1))
+		_, err := io.ReadFull(c, make([]byte, 1))
 		return err
-	}
+	})
+}
+
+// compareTunnels runs op on b.N new connections to up from 8 clients,
+// directly and through a CONNECT tunnel of the explicit proxy, then
+// directly and through the minimal relay, interleaved, and reports the
+// rates (in unit) and the proxy's ratio to the relay.
+func compareTunnels(b *testing.B, up netip.AddrPort, explicit, minimal, unit string, op func(net.Conn) error) {
+	target := fmt.Sprintf("bench.test:%d", up.Port())
 	run := func(proxy string) func(n int, viaProxy bool) float64 {
 		return func(n int, viaProxy bool) float64 {
-			via := ""
-			if viaProxy {
-				via = proxy
-			}
-			return parallel(b, 8, n, func() error { return once(via) })
+			return parallel(b, 8, n, func() error {
+				var c net.Conn
+				var err error
+				if viaProxy {
+					c, err = dialTunnel(proxy, target)
+				} else {
+					c, err = net.Dial("tcp", up.String())
+				}
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				return op(c)
+			})
 		}
 	}
 	direct, proxied, ratio := interleave(b.N/2, run(explicit))
 	_, relayed, minimalRatio := interleave(b.N/2, run(minimal))
-	b.ReportMetric(direct, "direct-conn/s")
-	b.ReportMetric(proxied, "tunnel-conn/s")
-	b.ReportMetric(relayed, "minimal-relay-conn/s")
+	b.ReportMetric(direct, "direct-"+unit)
+	b.ReportMetric(proxied, "tunnel-"+unit)
+	b.ReportMetric(relayed, "minimal-relay-"+unit)
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(minimalRatio, "minimal-relay-ratio")
 	b.ReportMetric(ratio/minimalRatio, "vs-minimal-relay")
+}
+
+// dialTunnel opens a CONNECT tunnel to target through proxy.
+func dialTunnel(proxy, target string) (net.Conn, error) {
+	c, err := net.Dial("tcp", proxy)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("CONNECT: %s", resp.Status)
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return &bufferedConn{Conn: c, r: br}, nil
 }
 
 // parallel runs op n times from workers goroutines and returns how many
@@ -505,50 +517,9 @@ func BenchmarkTLSThroughTunnel(b *testing.B) {
 	up := netip.MustParseAddrPort(ln.Addr().String())
 	explicit := benchExplicit(b, up.Addr())
 	minimal := minimalRelay(b, up.String())
-	target := fmt.Sprintf("bench.test:%d", up.Port())
-	connect := []byte("CONNECT " + target + " HTTP/1.1\r\nHost: " + target + "\r\n\r\n")
-	handshake := func(proxy string) error {
-		addr := up.String()
-		if proxy != "" {
-			addr = proxy
-		}
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		conn := c
-		if proxy != "" {
-			c.Write(connect)
-			br := bufio.NewReader(c)
-			resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-			if err != nil {
-				return err
-			}
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("CONNECT: %s", resp.Status)
-			}
-			conn = &bufferedConn{Conn: c, r: br}
-		}
-		tc := tls.Client(conn, &tls.Config{ServerName: "bench.test", RootCAs: ca.Pool, MinVersion: tls.VersionTLS13})
-		return tc.Handshake()
-	}
-	run := func(proxy string) func(n int, viaProxy bool) float64 {
-		return func(n int, viaProxy bool) float64 {
-			via := ""
-			if viaProxy {
-				via = proxy
-			}
-			return parallel(b, 8, n, func() error { return handshake(via) })
-		}
-	}
-	direct, proxied, ratio := interleave(b.N/2, run(explicit))
-	_, _, minimalRatio := interleave(b.N/2, run(minimal))
-	b.ReportMetric(direct, "direct-handshakes/s")
-	b.ReportMetric(proxied, "tunnel-handshakes/s")
-	b.ReportMetric(ratio, "ratio")
-	b.ReportMetric(minimalRatio, "minimal-relay-ratio")
-	b.ReportMetric(ratio/minimalRatio, "vs-minimal-relay")
+	compareTunnels(b, up, explicit, minimal, "handshakes/s", func(c net.Conn) error {
+		return tls.Client(c, &tls.Config{ServerName: "bench.test", RootCAs: ca.Pool, MinVersion: tls.VersionTLS13}).Handshake()
+	})
 }
 
 // minimalSplice is the least a transparent relay can do, as a yardstick:
