@@ -42,6 +42,22 @@ func pairUp(t testing.TB) (client, a, b, server *net.TCPConn) {
 	return
 }
 
+// runResult is what Run returned.
+type runResult struct {
+	up, down int64
+	err      error
+}
+
+// runInBackground runs pr.Run(a, b) and returns where its result arrives.
+func runInBackground(pr *Pair, a, b *net.TCPConn) <-chan runResult {
+	ran := make(chan runResult, 1)
+	go func() {
+		up, down, err := pr.Run(a, b)
+		ran <- runResult{up, down, err}
+	}()
+	return ran
+}
+
 func newPath(t testing.TB) *Path {
 	if os.Getuid() != 0 {
 		t.Skip("the kernel path needs root (CAP_BPF, CAP_NET_ADMIN)")
@@ -102,15 +118,7 @@ func TestRunPassesEndsOn(t *testing.T) {
 		require.NoError(t, err)
 		pr, err := p.Splice(a, b)
 		require.NoError(t, err)
-		type result struct {
-			up, down int64
-			err      error
-		}
-		done := make(chan result, 1)
-		go func() {
-			up, down, err := pr.Run(a, b)
-			done <- result{up, down, err}
-		}()
+		done := runInBackground(pr, a, b)
 		up := make([]byte, 256<<10+round)
 		rand.Read(up)
 		go func() { client.Write(up); client.CloseWrite() }()
@@ -160,8 +168,7 @@ func BenchmarkBulk(b *testing.B) {
 		client, a, bb, server := pairUp(b)
 		pr, err := p.Splice(a, bb)
 		require.NoError(b, err)
-		ran := make(chan struct{})
-		go func() { pr.Run(a, bb); close(ran) }() // for a direction the verdict leaves to user space
+		ran := runInBackground(pr, a, bb) // for a direction the verdict leaves to user space
 		rate := send(client, server, n)
 		client.Close()
 		server.Close()
@@ -210,8 +217,7 @@ func TestRunStartedLate(t *testing.T) {
 	_, err = io.ReadFull(server, got)
 	require.NoError(t, err)
 
-	ran := make(chan struct{})
-	go func() { pr.Run(a, b); close(ran) }()
+	ran := runInBackground(pr, a, b)
 	require.NoError(t, client.CloseWrite())
 	n, err := server.Read(make([]byte, 1))
 	assert.Equal(t, 0, n)
@@ -263,8 +269,7 @@ func TestSpliceWhileBytesFlow(t *testing.T) {
 		time.Sleep(time.Duration(round) * 100 * time.Microsecond)
 		pr, err := p.Splice(a, b)
 		require.NoError(t, err)
-		ran := make(chan struct{})
-		go func() { pr.Run(a, b); close(ran) }()
+		ran := runInBackground(pr, a, b)
 		server.SetReadDeadline(time.Now().Add(20 * time.Second))
 		got, err := io.ReadAll(server)
 		require.NoError(t, err, "round %d", round)
@@ -288,15 +293,7 @@ func TestSlowReaderHoldsTheSenderBack(t *testing.T) {
 	pr, err := p.Splice(a, b)
 	require.NoError(t, err)
 	defer pr.Remove()
-	type result struct {
-		up, down int64
-		err      error
-	}
-	ran := make(chan result, 1)
-	go func() {
-		up, down, err := pr.Run(a, b)
-		ran <- result{up, down, err}
-	}()
+	ran := runInBackground(pr, a, b)
 
 	// The stream is a pattern the server can check at every offset.
 	at := func(off int) byte { return byte(off*7 + off/251) }
@@ -346,15 +343,7 @@ func TestSlowReaderAfterTheEnd(t *testing.T) {
 		require.NoError(t, server.SetReadBuffer(64<<10))
 		pr, err := p.Splice(a, b)
 		require.NoError(t, err)
-		type result struct {
-			up  int64
-			err error
-		}
-		ran := make(chan result, 1)
-		go func() {
-			up, _, err := pr.Run(a, b)
-			ran <- result{up, err}
-		}()
+		ran := runInBackground(pr, a, b)
 		up := make([]byte, size)
 		for k := range up {
 			up[k] = at(k)
@@ -393,8 +382,7 @@ func TestTinySegmentsHeldBack(t *testing.T) {
 	require.NoError(t, client.SetNoDelay(true))
 	pr, err := p.Splice(a, b)
 	require.NoError(t, err)
-	ran := make(chan struct{})
-	go func() { pr.Run(a, b); close(ran) }()
+	ran := runInBackground(pr, a, b)
 	slabBefore := slab(t)
 	var fd int
 	withFD(client, func(f int) error { fd = f; return nil })
@@ -442,11 +430,7 @@ func TestClientGoneBeforeTheServerEnds(t *testing.T) {
 		client, a, b, server := pairUp(t)
 		pr, err := p.Splice(a, b)
 		require.NoError(t, err)
-		ran := make(chan error, 1)
-		go func() {
-			_, _, err := pr.Run(a, b)
-			ran <- err
-		}()
+		ran := runInBackground(pr, a, b)
 		_, err = client.Write([]byte("request"))
 		require.NoError(t, err)
 		got := make([]byte, len("request"))
@@ -464,8 +448,8 @@ func TestClientGoneBeforeTheServerEnds(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		server.Close()
 		select {
-		case err := <-ran:
-			assert.NoError(t, err, "round %d", round)
+		case r := <-ran:
+			assert.NoError(t, r.err, "round %d", round)
 		case <-time.After(10 * time.Second):
 			require.Fail(t, "Run did not end", "round %d", round)
 		}
