@@ -186,24 +186,33 @@ func TestConsoleLiveTraffic(t *testing.T) {
 	w := newConsoleWorld(t, 1)
 	c := w.client()
 	w.login(c)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", w.srv.URL+"/traffic/events", nil)
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
-	lines := bufio.NewScanner(resp.Body)
-	require.True(t, lines.Scan()) // ": connected"
+	next := w.follow(c, "/traffic/events")
 	w.s.elog.Record(egresslog.Record{Agent: "agent0", Kind: egresslog.KindTLS, Host: "pastebin.com", Port: 443, Reason: policy.ReasonNoRule})
-	for lines.Scan() {
-		if strings.HasPrefix(lines.Text(), "data: ") {
-			assert.Contains(t, lines.Text(), `"host":"pastebin.com"`)
-			assert.Contains(t, lines.Text(), `"allow_command":"agenthold policy set agent0 --mode ask --allow 'github.com' --allow 'pastebin.com'"`)
-			return
+	data := next()
+	assert.Contains(t, data, `"host":"pastebin.com"`)
+	assert.Contains(t, data, `"allow_command":"agenthold policy set agent0 --mode ask --allow 'github.com' --allow 'pastebin.com'"`)
+}
+
+// follow opens an event stream of the console as c, once it has said it
+// is connected, and returns what reads its next event's data.
+func (w *consoleWorld) follow(c *http.Client, path string) (next func() string) {
+	w.t.Helper()
+	req, _ := http.NewRequestWithContext(w.t.Context(), "GET", w.srv.URL+path, nil)
+	resp, err := c.Do(req)
+	require.NoError(w.t, err)
+	w.t.Cleanup(func() { resp.Body.Close() })
+	assert.Equal(w.t, "text/event-stream", resp.Header.Get("Content-Type"))
+	lines := bufio.NewScanner(resp.Body)
+	require.True(w.t, lines.Scan()) // ": connected"
+	return func() string {
+		for lines.Scan() {
+			if data, ok := strings.CutPrefix(lines.Text(), "data: "); ok {
+				return data
+			}
 		}
+		require.Fail(w.t, "no event on "+path)
+		return ""
 	}
-	t.Fatal("no event")
 }
 
 // TestConsoleShowsNoSecret: no page and no stream carries a secret's
@@ -285,16 +294,5 @@ func TestConsoleApprovalEventsStartWithWhatWaits(t *testing.T) {
 	require.Eventually(t, func() bool { return len(w.s.approvals.Pending()) == 1 }, 5*time.Second, time.Millisecond)
 	id := w.s.approvals.Pending()[0].ID
 
-	req, _ := http.NewRequestWithContext(ctx, "GET", w.srv.URL+"/approvals/events", nil)
-	resp, err := c.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	lines := bufio.NewScanner(resp.Body)
-	for lines.Scan() {
-		if data, ok := strings.CutPrefix(lines.Text(), "data: "); ok {
-			assert.JSONEq(t, `{"pending":["`+id+`"]}`, data, "the first event")
-			return
-		}
-	}
-	t.Fatal("no event")
+	assert.JSONEq(t, `{"pending":["`+id+`"]}`, w.follow(c, "/approvals/events")(), "the first event")
 }
