@@ -9,15 +9,12 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -45,7 +42,7 @@ const scaleAgents = 1000
 // agents, a few seconds of load per phase.
 func TestThousandAgents(t *testing.T) {
 	w := requireWorld(t)
-	api := w.adminClient()
+	api := (&cliEnv{socket: w.socket}).client()
 	gw := &gatewayUsage{pid: w.server.Process.Pid}
 
 	// The measuring agent: open, without quotas, so that the rates are
@@ -54,11 +51,11 @@ func TestThousandAgents(t *testing.T) {
 	created := []string{}
 	t.Cleanup(func() {
 		for _, name := range created {
-			api.do(t, http.MethodDelete, "/v1/agents/"+name, nil, nil)
+			api.do(http.MethodDelete, "/v1/agents/"+name, nil, nil)
 		}
 	})
 	var info AgentInfo
-	require.Equal(t, http.StatusCreated, api.do(t, http.MethodPost, "/v1/agents", spec, &info))
+	require.NoError(t, api.do(http.MethodPost, "/v1/agents", spec, &info))
 	created = append(created, "scale0")
 	ns := &netns.NS{Name: nsName(filepath.Join(w.dir, "data"), "scale0")}
 
@@ -67,16 +64,16 @@ func TestThousandAgents(t *testing.T) {
 		for i := range 5 {
 			name := fmt.Sprintf("probe%d", i)
 			start := time.Now()
-			require.Equal(t, http.StatusCreated, api.do(t, http.MethodPost, "/v1/agents", AgentSpec{Name: name}, nil))
+			require.NoError(t, api.do(http.MethodPost, "/v1/agents", AgentSpec{Name: name}, nil))
 			cs = append(cs, time.Since(start))
 			start = time.Now()
-			require.Equal(t, http.StatusNoContent, api.do(t, http.MethodPut, "/v1/agents/"+name+"/policy", PolicySpec{Mode: "allowlist", Allow: []string{"github.com"}}, nil))
+			require.NoError(t, api.do(http.MethodPut, "/v1/agents/"+name+"/policy", PolicySpec{Mode: "allowlist", Allow: []string{"github.com"}}, nil))
 			ps = append(ps, time.Since(start))
 			start = time.Now()
-			require.Equal(t, http.StatusNoContent, api.do(t, http.MethodDelete, "/v1/agents/"+name, nil, nil))
+			require.NoError(t, api.do(http.MethodDelete, "/v1/agents/"+name, nil, nil))
 			ds = append(ds, time.Since(start))
 		}
-		return median(cs), median(ds), median(ps)
+		return percentile(cs, 50), percentile(ds, 50), percentile(ps, 50)
 	}
 	type phase struct {
 		agents                 int
@@ -101,7 +98,7 @@ func TestThousandAgents(t *testing.T) {
 	for i := len(nets); i < scaleAgents; i++ {
 		name := fmt.Sprintf("scale%d", i)
 		var a AgentInfo
-		require.Equal(t, http.StatusCreated, api.do(t, http.MethodPost, "/v1/agents", AgentSpec{Name: name}, &a), "agent %d", i)
+		require.NoError(t, api.do(http.MethodPost, "/v1/agents", AgentSpec{Name: name}, &a), "agent %d", i)
 		created = append(created, name)
 		gw4 := netip.MustParseAddr(a.Gateway4)
 		require.NotContains(t, nets, gw4, "%s was given %s's network", name, nets[gw4])
@@ -146,12 +143,6 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 }
 
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
-}
 
 // dnsRate asks the agent's DNS for a cached name from inside ns, from
 // four resolvers at once, for d (at most 100,000 queries), and returns
@@ -229,41 +220,4 @@ func connRate(t *testing.T, ns *netns.NS, n int) float64 {
 	wg.Wait()
 	assert.Zero(t, failed.Load(), "connections that failed")
 	return float64(opened.Load()) / time.Since(start).Seconds()
-}
-
-// adminAPI calls the world's admin API over its socket.
-type adminAPI struct{ client *http.Client }
-
-func (w *world) adminClient() *adminAPI {
-	return &adminAPI{client: &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", w.socket)
-		},
-	}, Timeout: time.Minute}}
-}
-
-// do sends body as JSON and decodes the answer into out, if given; it
-// returns the status (0 on a transport error, which it reports).
-func (a *adminAPI) do(t *testing.T, method, path string, body, out any) int {
-	t.Helper()
-	var r *bytes.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		require.NoError(t, err)
-		r = bytes.NewReader(b)
-	} else {
-		r = bytes.NewReader(nil)
-	}
-	req, err := http.NewRequest(method, "http://agenthold"+path, r)
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := a.client.Do(req)
-	if !assert.NoError(t, err, "%s %s", method, path) {
-		return 0
-	}
-	defer resp.Body.Close()
-	if out != nil && resp.StatusCode < 300 {
-		assert.NoError(t, json.NewDecoder(resp.Body).Decode(out))
-	}
-	return resp.StatusCode
 }
