@@ -152,9 +152,10 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 	// receive queue until something wakes its verdict: more bytes, or a
 	// read. A read that takes nothing (a peek, not waiting) is that
 	// wake, so nothing sent before the splice waits for the next bytes.
+	var probe [1]byte
 	for _, c := range conns {
 		withFD(c, func(fd int) error {
-			unix.Recvfrom(fd, make([]byte, 1), unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			unix.Recvfrom(fd, probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 			return nil
 		})
 	}
