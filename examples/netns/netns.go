@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -246,9 +247,13 @@ func Veth(a *NS, aName string, b *NS, bName string) error {
 }
 
 // IP runs the ip command in the caller's namespace.
-func IP(args ...string) error {
+func IP(args ...string) error { return runIP(args, nil) }
+
+// runIP runs `ip args...` with stdin, if any, on its standard input.
+func runIP(args []string, stdin io.Reader) error {
 	cmd := exec.Command("ip", args...)
 	cmd.Env = minimalEnv
+	cmd.Stdin = stdin
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
@@ -267,14 +272,7 @@ func IPBatch(options []string, commands ...[]string) error {
 		script.WriteString(strings.Join(c, " "))
 		script.WriteByte('\n')
 	}
-	cmd := exec.Command("ip", options...)
-	cmd.Env = minimalEnv
-	cmd.Stdin = strings.NewReader(script.String())
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %s: %w: %s", strings.Join(options, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
+	return runIP(options, strings.NewReader(script.String()))
 }
 
 // ErrNotRoot is returned by Available when namespaces cannot be made.
