@@ -22,12 +22,13 @@
 // (OriginalDst is Linux only), so only the explicit proxy serves there
 // unless Proxy.OriginalDst is set. With a Proxy.KernelPath (the package
 // fastpath: a BPF sockmap), a passed-through connection's bytes move
-// between its two sockets in the kernel once it is judged and dialled,
-// and never cross into the process; relay.run alone chooses, per
-// connection, and only when nothing more is to be done with its bytes
-// (both ends TCP, no byte-rate quota), so every connection takes the
-// same decisions, ends (idle, Rejudge, Forget, Shutdown) and record; the
-// record's Relay says which path moved it. Server-first protocols work: while the
+// between its two sockets in the kernel once one direction has moved
+// Proxy.KernelPathAfter bytes (an exchange done before then never pays
+// for the move), and no longer cross into the process; relay.run alone
+// chooses, per connection, and only when nothing more is to be done with
+// its bytes (both ends TCP, no byte-rate quota), so every connection
+// takes the same decisions, ends (idle, Rejudge, Forget, Shutdown) and
+// record; the record's Relay says which path moved it. Server-first protocols work: while the
 // client is silent the proxy has already dialled the name the agent
 // resolved, and the server's greeting flows. TLS for hosts an Interceptor
 // claims (mitm) is handed over with the bytes already read.

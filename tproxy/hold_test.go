@@ -60,7 +60,9 @@ func BenchmarkHoldConnections(b *testing.B) {
 		up := netip.MustParseAddrPort(upstream.addr)
 		var next atomic.Uint32
 		proxy := benchProxy(b, up, withKernelPath(kernel), func(p *Proxy) {
-			p.OriginalDst = func(*net.TCPConn) (netip.AddrPort, error) { // the upstream's addresses in turn
+			p.KernelPathAfter = -1 // an idle connection moves no bytes: at once
+			// The upstream's addresses in turn.
+			p.OriginalDst = func(*net.TCPConn) (netip.AddrPort, error) {
 				a := up.Addr().As4()
 				a[3] += byte(next.Add(1) % holdAddrs)
 				return netip.AddrPortFrom(netip.AddrFrom4(a), up.Port()), nil
@@ -77,6 +79,7 @@ func BenchmarkHoldConnections(b *testing.B) {
 		b.ReportMetric(float64(goAfter-goBefore)/float64(n)/1024, "go-KiB/conn")
 		b.ReportMetric(float64(rssAfter-rssBefore)/float64(n)/1024, "rss-KiB/conn")
 		b.ReportMetric(float64(rssAfter)/(1<<20), "rss-MiB")
+		b.ReportMetric(float64(runtime.NumGoroutine())/float64(n), "goroutines/conn")
 	}
 	b.Run("splice", func(b *testing.B) { hold(b, nil) })
 	if kp := benchKernelPath(b); kp != nil {

@@ -6,9 +6,11 @@ import "net"
 // they never cross into the gateway's process; tproxy/fastpath.Path is
 // one. The proxy offers it a connection only when nothing more is to be
 // done with its bytes: passed through (not intercepted, not plain HTTP),
-// TCP on both sides, and the agent without a byte-rate quota. Every
-// other connection, and one Move refuses, stays on the user-space relay;
-// the record's Relay says which moved it.
+// TCP on both sides, and the agent without a byte-rate quota; and only
+// once one direction has moved Proxy.KernelPathAfter bytes on the
+// user-space relay, both still open. Every other connection, and one Move
+// refuses, stays on the user-space relay; the record's Relay says which
+// moved it.
 type KernelPath interface {
 	// Move starts moving what each side sends to the other, beginning
 	// with what each has received and the proxy has not read. wait

@@ -4,11 +4,13 @@ package tproxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -140,11 +142,12 @@ func TestKernelPathRecordsAsUserSpace(t *testing.T) {
 
 // TestKernelPathOnlyWhereSafe: TLS passed through and CONNECT tunnels go
 // on the kernel path; a byte-rate quota keeps an agent's connections on
-// the user-space relay, held to pace.
+// the user-space relay, held to pace. (Handed over at once: these
+// exchanges are short.)
 func TestKernelPathOnlyWhereSafe(t *testing.T) {
 	kp := kernelPath(t)
 	sp := signalled(kp)
-	w := newWorld(t, []string{"svc.test:*", "api.test:*"}, func(p *Proxy) { p.KernelPath = sp })
+	w := newWorld(t, []string{"svc.test:*", "api.test:*"}, func(p *Proxy) { p.KernelPath, p.KernelPathAfter = sp, -1 })
 	w.setNames("svc.test")
 	body, err := w.httpsGet(w.tlsAddr, "api.test")
 	require.NoError(t, err)
@@ -172,6 +175,90 @@ func TestKernelPathOnlyWhereSafe(t *testing.T) {
 	assert.Equal(t, egresslog.RelaySplice, r.Relay, "a paced connection left the user-space relay: %+v", r)
 }
 
+// TestKernelPathOnlyAfterFirstBytes: a connection moves to the kernel
+// path only once one direction has moved KernelPathAfter bytes, both
+// still open; a short exchange, and one whose other direction ended
+// first, stay on the user-space relay. Each moves every byte, once.
+func TestKernelPathOnlyAfterFirstBytes(t *testing.T) {
+	kp := kernelPath(t)
+	up := make([]byte, 200<<10)
+	rand.Read(up)
+	for _, tc := range []struct {
+		name  string
+		after int
+		relay string
+	}{
+		{"up passes the mark, down still open", 64 << 10, egresslog.RelayKernel},
+		{"up ends short of it, then down passes it", len(up) + 1, egresslog.RelaySplice},
+		{"neither reaches it", len(up) + len("echo:") + 1, egresslog.RelaySplice},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sp := signalled(kp)
+			w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath, p.KernelPathAfter = sp, tc.after })
+			w.setNames("svc.test")
+			// Held open a moment: a side that has ended cannot join the
+			// kernel path, and the echo service answers only at the end.
+			r := echoTransfer(t, w, up, 50*time.Millisecond)
+			assert.Equal(t, tc.relay, r.Relay, "record %+v", r)
+			assert.Equal(t, tc.relay == egresslog.RelayKernel, len(sp.moved) == 1, "moves")
+			assert.EqualValues(t, len(up), r.BytesUp, "record %+v", r)
+			assert.EqualValues(t, len("echo:")+len(up), r.BytesDown, "record %+v", r)
+		})
+	}
+
+	sp := signalled(kp)
+	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath = sp })
+	w.setNames("svc.test")
+
+	// Handed over while bytes flow both ways at once: a mirror sends back
+	// what it reads as it reads it; every byte arrives, in order. A
+	// sender that never pauses may keep its queue full through every
+	// attempt (on loopback), and stays on the user-space relay, whole.
+	ln := listenLoop(t, "127.0.0.2:0")
+	go acceptLoop(ln, func(c net.Conn) {
+		defer c.Close()
+		io.Copy(c, c)
+		c.(*net.TCPConn).CloseWrite()
+	})
+	seen := map[uint64]bool{} // records of connections before
+	for _, paced := range []bool{true, false} {
+		mirror := w.dial(netip.MustParseAddrPort(ln.Addr().String()))
+		sent := make([]byte, 8<<20)
+		rand.Read(sent)
+		go func() {
+			for b := sent; len(b) > 0; b = b[min(len(b), 64<<10):] {
+				if _, err := mirror.Write(b[:min(len(b), 64<<10)]); err != nil {
+					return
+				}
+				if paced {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			mirror.(*net.TCPConn).CloseWrite()
+		}()
+		mirror.SetReadDeadline(time.Now().Add(20 * time.Second))
+		back, err := io.ReadAll(mirror)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(sent, back), "paced %v: the mirror's %d bytes differ from the %d sent", paced, len(back), len(sent))
+		r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Open && !seen[r.ConnID] })
+		seen[r.ConnID] = true
+		if paced {
+			assert.Equal(t, egresslog.RelayKernel, r.Relay, "record %+v", r)
+			awaitMoved(t, sp.moved)
+		} else if r.Relay == egresslog.RelayKernel {
+			awaitMoved(t, sp.moved)
+		}
+		assert.EqualValues(t, len(sent), r.BytesUp, "paced %v: record %+v", paced, r)
+		assert.EqualValues(t, len(sent), r.BytesDown, "paced %v: record %+v", paced, r)
+		mirror.Close()
+	}
+
+	c := w.dial(w.bannerAddr)
+	r := bannerExchange(t, w, c, bufio.NewReader(c), egresslog.KindTCP, nil)
+	assert.Equal(t, egresslog.RelaySplice, r.Relay, "a short exchange was moved: %+v", r)
+	assert.Empty(t, sp.moved)
+}
+
 // TestKernelPathEndsOnForgetAndRejudge: a connection on the kernel path
 // ends when its agent is forgotten, and when a policy change refuses its
 // destination, with the record the user-space relay would leave.
@@ -182,7 +269,7 @@ func TestKernelPathEndsOnForgetAndRejudge(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) {
 				if sp != nil {
-					p.KernelPath = sp
+					p.KernelPath, p.KernelPathAfter = sp, -1 // a banner is short
 				}
 			})
 			w.setNames("svc.test")

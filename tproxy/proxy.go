@@ -49,6 +49,11 @@ const (
 	DefaultMaxHelloSize     = 32 << 10
 	DefaultMaxConns         = 20000
 	DefaultMaxConnsPerAgent = 2000
+	// DefaultKernelPathAfter is the bytes a connection moves one way on
+	// the user-space relay before the KernelPath takes it: most
+	// connections (an API call, a page) are done before then, and moving
+	// one costs more than relaying its few bytes.
+	DefaultKernelPathAfter = 64 << 10
 	// DefaultMaxExplicitConnsPerSource bounds connections to the explicit
 	// proxy from one address: a client keeps a few, a NAT in front of
 	// remote agents many.
@@ -90,6 +95,11 @@ type Proxy struct {
 	// in the kernel once they are judged and dialled (see KernelPath for
 	// which); nil keeps every connection on the user-space relay.
 	KernelPath KernelPath
+	// KernelPathAfter is how many bytes either direction of a connection
+	// moves on the user-space relay before the connection is handed to
+	// the KernelPath; zero means DefaultKernelPathAfter, a negative value
+	// hands it over at once.
+	KernelPathAfter int
 	// Log receives one record per connection and per HTTP request.
 	Log *egresslog.Log
 	// Logger receives operational messages; nil discards them.
@@ -169,6 +179,14 @@ func (p *Proxy) logger() *slog.Logger {
 		return p.Logger
 	}
 	return slog.New(slog.DiscardHandler)
+}
+
+// kernelPathAfter is KernelPathAfter, its zero the default.
+func (p *Proxy) kernelPathAfter() int {
+	if p.KernelPathAfter == 0 {
+		return DefaultKernelPathAfter
+	}
+	return p.KernelPathAfter
 }
 
 func orDefault[T int | time.Duration](v, def T) T {

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,13 +99,14 @@ func (r *relay) abort(why string) {
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // copyTracked copies through user space, recording when bytes last moved,
-// for connections the kernel cannot splice, held to pace.
-func (r *relay) copyTracked(dst, src net.Conn, pace *pacer) (int64, error) {
+// for connections the kernel cannot splice, held to pace; it stops at
+// src's end of stream or once it has copied limit bytes.
+func (r *relay) copyTracked(dst, src net.Conn, pace *pacer, limit int64) (int64, error) {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	var total int64
-	for {
-		n, rerr := src.Read((*bp)[:pace.chunk(len(*bp))])
+	for total < limit {
+		n, rerr := src.Read((*bp)[:min(int64(pace.chunk(len(*bp))), limit-total)])
 		if n > 0 {
 			r.lastActive.Store(time.Now().UnixNano())
 			m, werr := dst.Write((*bp)[:n])
@@ -120,6 +123,7 @@ func (r *relay) copyTracked(dst, src net.Conn, pace *pacer) (int64, error) {
 			return total, rerr
 		}
 	}
+	return total, nil
 }
 
 // sinceActive is how long ago copyTracked last moved bytes.
@@ -168,7 +172,7 @@ func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBy
 	} else {
 		*clientBytes, *upBytes = nil, nil // counted, and let go of
 		var n, m int64
-		n, m, rec.Relay, err = r.run(s.p.KernelPath, s.p.logger)
+		n, m, rec.Relay, err = r.run(s.p.KernelPath, s.p.kernelPathAfter(), s.p.logger)
 		upN, downN = upN+n, downN+m
 	}
 	rec.BytesUp = upN
@@ -200,94 +204,219 @@ func writeAll(c net.Conn, b []byte) error {
 }
 
 // run moves both ways until both are done, and says how
-// (egresslog.RelayKernel, RelaySplice or RelayCopy). The kernel path
-// takes the connection if there is one and nothing of the connection
-// needs the proxy: both ends TCP and no byte quota to hold it to.
-// Otherwise it copies: the client's bytes to the upstream in a new
-// goroutine, the upstream's to the client in this one. An end of stream
-// in one direction is passed on as a half-close; an error in either
-// aborts both with a reset.
-func (r *relay) run(kernel KernelPath, logger func() *slog.Logger) (up, down int64, how string, err error) {
-	var waitingUp, waitingDown int64 // passed on before the kernel path was asked
-	if kernel != nil && r.spliced && r.paceUp == nil && r.paceDown == nil {
-		var ok bool
-		if waitingUp, waitingDown, ok = r.passWaiting(); ok {
-			wait, err := kernel.Move(r.client.(*net.TCPConn), r.up)
-			if err == nil {
-				up, down, err = wait()
-				if err != nil {
-					r.abort(err.Error())
-				}
-				return waitingUp + up, waitingDown + down, egresslog.RelayKernel, err
-			}
-			logger().Debug("kernel path refused a connection; relaying it", "err", err)
-		}
-	}
+// (egresslog.RelayKernel, RelaySplice or RelayCopy). It relays in user
+// space first: the client's bytes to the upstream in a new goroutine, the
+// upstream's to the client in this one; an end of stream in one direction
+// is passed on as a half-close, and an error in either aborts both with a
+// reset. A connection nothing of which needs the proxy (both ends TCP,
+// no byte quota to hold it to) is handed to the kernel path, if there is
+// one, once either direction has moved after bytes (at once if after is
+// negative) while neither has ended: a connection done before then never
+// pays for the move.
+func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (up, down int64, how string, err error) {
 	how = egresslog.RelayCopy
 	if r.spliced {
 		how = egresslog.RelaySplice
 	}
-	defer func() { up, down = waitingUp+up, waitingDown+down }()
-	var wg sync.WaitGroup
-	var upErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		up, upErr = copyClientToUpstream(r)
-	}()
-	down, downErr := copyUpstreamToClient(r)
-	wg.Wait()
-	return up, down, how, errors.Join(upErr, downErr)
-}
-
-// passWaiting passes on what each side has received and the proxy has
-// not read, without waiting for more, and counts it; false when a side
-// has ended or failed, which the user-space relay then meets. The kernel
-// path takes a connection only so: it is handed whole skbs, and one the
-// proxy read part of would go again.
-func (r *relay) passWaiting() (up, down int64, ok bool) {
-	bp := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(bp)
-	for _, way := range []struct {
-		dst, src net.Conn
-		n        *int64
-	}{{r.up, r.client, &up}, {r.client, r.up, &down}} {
-		for {
-			b, err := readNow(way.src, (*bp)[:0])
-			if err != nil {
-				return up, down, false
+	var h *handover
+	if kernel != nil && r.spliced && r.paceUp == nil && r.paceDown == nil {
+		h = r.handover(int64(after))
+	}
+	var n [2]int64 // client->upstream, upstream->client
+	which := [2]bool{true, true}
+	for attempt := 1; which != [2]bool{}; attempt++ {
+		stops, merr := r.moveBoth(h, which, &n)
+		err = errors.Join(err, merr)
+		which = [2]bool{stops[0] != running, stops[1] != running}
+		if which == [2]bool{} {
+			break
+		}
+		r.client.SetReadDeadline(time.Time{})
+		r.up.SetReadDeadline(time.Time{})
+		switch {
+		case stops == [2]stop{emptied, emptied}:
+			wait, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
+			if kerr == nil {
+				up, down, err = wait()
+				if err != nil {
+					r.abort(err.Error())
+				}
+				return n[0] + up, n[1] + down, egresslog.RelayKernel, err
 			}
-			if len(b) == 0 {
-				break
-			}
-			if _, err := way.dst.Write(b); err != nil {
-				return up, down, false
-			}
-			*way.n += int64(len(b))
+			logger().Debug("kernel path refused a connection; relaying it", "err", kerr)
+			h = nil
+		case which == [2]bool{true, true} && attempt < handoverAttempts:
+			// A sender kept its queue full: try again further on.
+			h = r.handover(max(h.after, DefaultKernelPathAfter) << 1)
+		default:
+			h = nil // relayed to the end
 		}
 	}
-	return up, down, true
+	return n[0], n[1], how, err
 }
 
-func copyClientToUpstream(r *relay) (int64, error) {
-	n, err := r.copy(r.up, r.client, r.paceUp)
-	if err != nil {
-		r.abort("client->upstream: " + err.Error())
-		return n, fmt.Errorf("client->upstream: %w", err)
-	}
-	r.up.CloseWrite()
-	return n, nil
+// handoverAttempts bounds the times a relay tries to hand a connection
+// over whose senders keep the receive queues full (bulk on loopback),
+// each after twice the bytes of the one before.
+const handoverAttempts = 6
+
+// handover is a handover of r to the kernel path after bytes.
+func (r *relay) handover(after int64) *handover {
+	return &handover{after: after, asked: after < 0, stop: func() {
+		r.client.SetReadDeadline(time.Unix(1, 0))
+		r.up.SetReadDeadline(time.Unix(1, 0))
+	}}
 }
 
-func copyUpstreamToClient(r *relay) (int64, error) {
-	n, err := r.copy(r.client, r.up, r.paceDown)
-	if err != nil {
-		r.abort("upstream->client: " + err.Error())
-		return n, fmt.Errorf("upstream->client: %w", err)
-	}
-	closeWrite(r.client)
-	return n, nil
+// stop is where a direction of a relay stopped.
+type stop int
+
+const (
+	running stop = iota // at its end of stream, or failed: done
+	emptied             // for a handover, with its receive queue empty
+	full                // for a handover, its sender keeping the queue full
+)
+
+// handover stops both directions of a relay once either has moved after
+// bytes, so that the kernel path can take the connection. A connection
+// with a direction already ended is not handed over (a half-closed
+// socket cannot join the kernel path); its other direction goes on.
+type handover struct {
+	after int64
+	stop  func() // interrupts both directions' waits for bytes
+
+	mu    sync.Mutex
+	asked bool
+	ended [2]bool
 }
+
+// ask, from direction i, which has moved its after bytes, stops both
+// directions, unless the other has ended; true if the relay is being
+// handed over.
+func (h *handover) ask(i int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ended[1-i] {
+		return false
+	}
+	if !h.asked {
+		h.asked = true
+		h.stop()
+	}
+	return true
+}
+
+// stopping says whether the directions are being stopped, to hand over.
+func (h *handover) stopping() bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.asked
+}
+
+// end notes that direction i has ended.
+func (h *handover) end(i int) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.ended[i] = true
+	h.mu.Unlock()
+}
+
+// direction is one way of a relay: from src to dst, held to pace, named
+// in a failure's reason.
+type direction struct {
+	dst, src net.Conn
+	pace     *pacer
+	name     string
+}
+
+func (r *relay) directions() [2]direction {
+	return [2]direction{
+		{dst: r.up, src: r.client, pace: r.paceUp, name: "client->upstream"},
+		{dst: r.client, src: r.up, pace: r.paceDown, name: "upstream->client"},
+	}
+}
+
+// moveBoth moves the directions which says, adding their bytes to n:
+// direction 0 in a new goroutine when both move, the other in this one.
+// With a handover, a direction may stop before its end; stops says
+// where each did.
+func (r *relay) moveBoth(h *handover, which [2]bool, n *[2]int64) (stops [2]stop, err error) {
+	ds := r.directions()
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i := range 2 {
+		if !which[i] {
+			continue
+		}
+		move := func() {
+			var m int64
+			m, stops[i], errs[i] = r.move(ds[i], i, h)
+			n[i] += m
+		}
+		if i == 0 && which[1] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				move()
+			}()
+		} else {
+			move()
+		}
+	}
+	wg.Wait()
+	return stops, errors.Join(errs[0], errs[1])
+}
+
+// move copies direction i of the relay to its end of stream, which it
+// passes on as a half-close; a failure aborts both directions. With a
+// handover it stops once it or the other direction has moved h.after
+// bytes, unless one of them has ended, after passing on what its source
+// has received: the kernel path is handed whole skbs, and one the relay
+// read part of would go again.
+func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err error) {
+	limit := int64(noLimit)
+	if h != nil {
+		limit = h.after
+	}
+	stopping := h.stopping()
+	if !stopping {
+		n, err = r.copy(d.dst, d.src, d.pace, limit)
+		switch {
+		case err == nil && n == limit:
+			if stopping = h.ask(i); !stopping {
+				var m int64
+				m, err = r.copy(d.dst, d.src, d.pace, noLimit)
+				n += m
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded) && h.stopping():
+			stopping, err = true, nil
+		}
+	}
+	if stopping {
+		var m int64
+		var ended bool
+		m, at, ended, err = r.flush(d.dst, d.src)
+		n += m
+		if err == nil && !ended {
+			return n, at, nil
+		}
+	}
+	if err != nil {
+		r.abort(d.name + ": " + err.Error())
+		return n, running, fmt.Errorf("%s: %w", d.name, err)
+	}
+	h.end(i)
+	closeWrite(d.dst)
+	return n, running, nil
+}
+
+// noLimit is a copy's limit that only its end of stream reaches.
+const noLimit = math.MaxInt64
 
 // closeWrite half-closes c if it can; otherwise the end of stream is
 // passed on when the connection closes.

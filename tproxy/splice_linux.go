@@ -12,13 +12,13 @@ import (
 // canSplice: Linux moves bytes between two TCP sockets in the kernel.
 const canSplice = true
 
-// copy moves bytes from src to dst until src's end of stream: spliced
-// when both ends are TCP, through user space otherwise.
-func (r *relay) copy(dst, src net.Conn, pace *pacer) (int64, error) {
+// copy moves bytes from src to dst until src's end of stream or limit
+// bytes: spliced when both ends are TCP, through user space otherwise.
+func (r *relay) copy(dst, src net.Conn, pace *pacer, limit int64) (int64, error) {
 	if r.spliced {
-		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn), pace)
+		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn), pace, limit)
 	}
-	return r.copyTracked(dst, src, pace)
+	return r.copyTracked(dst, src, pace, limit)
 }
 
 // idle returns how long no byte has moved either way. Spliced bytes never
@@ -94,10 +94,10 @@ func (p *pipe) close() {
 }
 
 // spliceCopy moves bytes from src to dst with splice(2) until src's end of
-// stream, returning the count. A pipe is taken from the pool when src has
+// stream or limit bytes, returning the count. A pipe is taken from the pool when src has
 // bytes and returned, empty, before waiting for more. Each pipe's worth is
 // held to pace.
-func spliceCopy(dst, src *net.TCPConn, pace *pacer) (int64, error) {
+func spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) {
 	srcRaw, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -107,7 +107,7 @@ func spliceCopy(dst, src *net.TCPConn, pace *pacer) (int64, error) {
 		return 0, err
 	}
 	var total int64
-	for {
+	for total < limit {
 		var p *pipe
 		var inPipe int
 		var spliceErr error
@@ -118,7 +118,7 @@ func spliceCopy(dst, src *net.TCPConn, pace *pacer) (int64, error) {
 					return true
 				}
 			}
-			inPipe, spliceErr = spliceRetry(int(fd), p.w, pace.chunk(pipeSize))
+			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(int64(pace.chunk(pipeSize)), limit-total)))
 			if spliceErr == unix.EAGAIN {
 				putPipe(p)
 				p = nil
@@ -139,27 +139,86 @@ func spliceCopy(dst, src *net.TCPConn, pace *pacer) (int64, error) {
 			}
 			return total, err // inPipe == 0 and no error: end of stream
 		}
-		// Drain the pipe into dst.
-		moved := inPipe
-		for inPipe > 0 && err == nil {
-			var n int
-			werr := dstRaw.Write(func(fd uintptr) bool {
-				n, spliceErr = spliceRetry(p.r, int(fd), inPipe)
-				return spliceErr != unix.EAGAIN
-			})
-			err = errors.Join(werr, spliceErr)
-			if n > 0 {
-				inPipe -= n
-				total += int64(n)
-			}
-		}
+		n, err := p.drain(dstRaw, inPipe)
+		total += int64(n)
 		if err != nil {
 			p.close() // it may still hold bytes
 			return total, err
 		}
 		putPipe(p)
-		pace.moved(int64(moved))
+		pace.moved(int64(inPipe))
 	}
+	return total, nil
+}
+
+// drain moves the n bytes the pipe holds into dst, waiting while dst's
+// send queue is full, and returns how many it moved.
+func (p *pipe) drain(dst syscall.RawConn, n int) (int, error) {
+	moved := 0
+	for moved < n {
+		var m int
+		var spliceErr error
+		err := dst.Write(func(fd uintptr) bool {
+			m, spliceErr = spliceRetry(p.r, int(fd), n-moved)
+			return spliceErr != unix.EAGAIN
+		})
+		if err = errors.Join(err, spliceErr); err != nil {
+			return moved, err
+		}
+		moved += m
+	}
+	return moved, nil
+}
+
+// flushBound is the most a flush moves looking for an empty receive
+// queue: a sender that keeps it full stays on the relay.
+const flushBound = 4 << 20
+
+// flush moves what src has received to dst, without waiting for more,
+// until src's receive queue is empty (at emptied: what arrives after is
+// whole skbs), or it has moved flushBound bytes (at full), or src's end
+// of stream.
+func (r *relay) flush(dst, src net.Conn) (n int64, at stop, ended bool, err error) {
+	srcRaw, err := src.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return 0, running, false, err
+	}
+	dstRaw, err := dst.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return 0, running, false, err
+	}
+	p, err := getPipe()
+	if err != nil {
+		return 0, running, false, err
+	}
+	for n < flushBound {
+		var inPipe int
+		var spliceErr error
+		// Control, not Read: the handover's deadline has passed.
+		if err := srcRaw.Control(func(fd uintptr) { inPipe, spliceErr = spliceRetry(int(fd), p.w, pipeSize) }); err != nil {
+			putPipe(p)
+			return n, running, false, err
+		}
+		switch {
+		case spliceErr == unix.EAGAIN:
+			putPipe(p)
+			return n, emptied, false, nil
+		case spliceErr != nil:
+			putPipe(p)
+			return n, running, false, spliceErr
+		case inPipe == 0:
+			putPipe(p)
+			return n, running, true, nil
+		}
+		m, err := p.drain(dstRaw, inPipe)
+		n += int64(m)
+		if err != nil {
+			p.close()
+			return n, running, false, err
+		}
+	}
+	putPipe(p)
+	return n, full, false, nil
 }
 
 // spliceRetry calls splice(2) without blocking on the pipe, retrying on

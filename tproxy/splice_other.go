@@ -3,6 +3,7 @@
 package tproxy
 
 import (
+	"errors"
 	"net"
 	"time"
 )
@@ -11,9 +12,15 @@ import (
 // user space.
 const canSplice = false
 
-// copy moves bytes from src to dst until src's end of stream.
-func (r *relay) copy(dst, src net.Conn, pace *pacer) (int64, error) {
-	return r.copyTracked(dst, src, pace)
+// copy moves bytes from src to dst until src's end of stream or limit
+// bytes.
+func (r *relay) copy(dst, src net.Conn, pace *pacer, limit int64) (int64, error) {
+	return r.copyTracked(dst, src, pace, limit)
+}
+
+// flush is never called: a handover needs both ends spliced.
+func (r *relay) flush(dst, src net.Conn) (int64, stop, bool, error) {
+	return 0, running, false, errors.ErrUnsupported
 }
 
 // idle returns how long no byte has moved either way.

@@ -21,7 +21,9 @@ import (
 
 // The fake internet's package registries: an npm registry with one small
 // package, and a Python simple index with one small wheel, so that npm
-// and pip do real installs through the gateway.
+// and pip do real installs through the gateway. The npm registry also
+// serves a large download (npmLargePath), one long enough to move to the
+// kernel path.
 
 // npmPackage is left-pad 1.3.0, as a tarball made at start.
 var npmPackage = mustPack(npmTarball)
@@ -31,6 +33,8 @@ var demoWheel = mustPack(wheel)
 
 const (
 	npmTarballPath = "/left-pad/-/left-pad-1.3.0.tgz"
+	npmLargePath   = "/large-blob/-/large-blob-1.0.0.tgz"
+	npmLargeSize   = 16 << 20
 	wheelName      = "demo_pkg-1.0-py3-none-any.whl"
 	wheelGreeting  = "installed through agenthold"
 )
@@ -49,6 +53,17 @@ func fakeRegistry(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == npmTarballPath {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Write(npmPackage)
+		return
+	}
+	if r.URL.Path == npmLargePath {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", fmt.Sprint(npmLargeSize))
+		chunk := bytes.Repeat([]byte("agenthold "), 6554)[:64<<10]
+		for range npmLargeSize / len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
 		return
 	}
 	name := strings.TrimPrefix(r.URL.Path, "/")
