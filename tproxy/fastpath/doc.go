@@ -7,8 +7,10 @@
 // Run passes each side's end of stream on as a half-close once every
 // byte before it has left the kernel path, however long the receiver
 // takes (an end that overtook queued bytes would cut the stream short);
-// an end is a change of the socket's state, which wakes the poller. It
-// returns the bytes moved each way, for the connection's record.
+// an end is a change of the socket's state, which wakes the waiter. It
+// waits in its caller's goroutine alone (the Path's one watcher wakes it
+// for the second socket), so an idle pair holds no goroutine of its own,
+// and returns the bytes moved each way, for the connection's record.
 //
 // A sockmap redirect skips TCP's memory accounting: the kernel does not
 // hold a sender back while the receiver is slower, and would queue

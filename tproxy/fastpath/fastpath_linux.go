@@ -26,6 +26,7 @@ import (
 type Path struct {
 	watched, targets, peers *ebpf.Map
 	prog                    *ebpf.Program
+	watch                   *watcher
 
 	mu   sync.Mutex
 	free []uint32 // free slots of the sockmaps
@@ -68,6 +69,9 @@ func New(pairs int) (*Path, error) {
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
 		return nil, fmt.Errorf("fastpath: attach the verdict: %w", err)
 	}
+	if p.watch, err = newWatcher(); err != nil {
+		return nil, err
+	}
 	for i := 2*pairs - 1; i >= 0; i-- {
 		p.free = append(p.free, uint32(i))
 	}
@@ -78,6 +82,9 @@ func New(pairs int) (*Path, error) {
 // returned; pairs still in the maps are dropped from them, and their
 // sockets go on as plain sockets.
 func (p *Path) Close() error {
+	if p.watch != nil {
+		p.watch.close()
+	}
 	return errors.Join(p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close()) // each is nil-safe
 }
 
@@ -93,7 +100,9 @@ type Pair struct {
 	// to user space.
 	relayed [2]atomic.Int64
 	// failed is the first error of either direction, which ends both.
-	failed     atomic.Pointer[error]
+	failed atomic.Pointer[error]
+	// woken tells Run of a change it waits for without Go's poller.
+	woken      chan struct{}
 	removeOnce sync.Once
 }
 
@@ -110,7 +119,7 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 		p.mu.Unlock()
 		return nil, errors.New("fastpath: full")
 	}
-	pr := &Pair{p: p, slots: [2]uint32{p.free[len(p.free)-1], p.free[len(p.free)-2]}}
+	pr := &Pair{p: p, slots: [2]uint32{p.free[len(p.free)-1], p.free[len(p.free)-2]}, woken: make(chan struct{}, 1)}
 	p.free = p.free[:len(p.free)-2]
 	p.mu.Unlock()
 	conns := [2]*net.TCPConn{a, b}

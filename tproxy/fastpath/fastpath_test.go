@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -454,5 +455,66 @@ func TestClientGoneBeforeTheServerEnds(t *testing.T) {
 			require.Fail(t, "Run did not end", "round %d", round)
 		}
 		pr.Remove()
+	}
+}
+
+// TestIdlePairsHoldNoGoroutine: an idle pair's Run waits in its caller's
+// goroutine alone, for its second socket through the Path's watcher,
+// which still wakes it at that socket's end.
+func TestIdlePairsHoldNoGoroutine(t *testing.T) {
+	p := newPath(t)
+	const pairs = 20
+	type running struct {
+		client, server *net.TCPConn
+		ran            <-chan runResult
+	}
+	var all []running
+	before := runtime.NumGoroutine()
+	for range pairs {
+		client, a, b, server := pairUp(t)
+		pr, err := p.Splice(a, b)
+		require.NoError(t, err)
+		t.Cleanup(pr.Remove)
+		all = append(all, running{client, server, runInBackground(pr, a, b)})
+	}
+	time.Sleep(100 * time.Millisecond)
+	assert.Less(t, runtime.NumGoroutine()-before, pairs+pairs/2, "goroutines for %d idle pairs, their callers' among them", pairs)
+	for _, r := range all {
+		r.server.Write([]byte("late"))
+		r.server.CloseWrite() // the second socket's end, seen by the watcher
+		got, err := io.ReadAll(r.client)
+		require.NoError(t, err)
+		assert.Equal(t, "late", string(got))
+		r.client.CloseWrite()
+		select {
+		case res := <-r.ran:
+			assert.NoError(t, res.err)
+			assert.EqualValues(t, len("late"), res.down)
+		case <-time.After(5 * time.Second):
+			require.Fail(t, "Run did not end")
+		}
+	}
+}
+
+// TestClosingEndsRun: the caller ends a pair by closing its sockets (as
+// tproxy does on a policy change), and Run returns, failed.
+func TestClosingEndsRun(t *testing.T) {
+	p := newPath(t)
+	client, a, b, _ := pairUp(t)
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	ran := runInBackground(pr, a, b)
+	client.Write([]byte("some bytes"))
+	time.Sleep(50 * time.Millisecond)
+	a.SetLinger(0)
+	a.Close()
+	b.SetLinger(0)
+	b.Close()
+	select {
+	case r := <-ran:
+		assert.ErrorIs(t, r.err, net.ErrClosed)
+	case <-time.After(5 * time.Second):
+		require.Fail(t, "Run did not end when its sockets were closed")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -18,31 +19,90 @@ import (
 // end of stream on as a half-close once every byte before it has been
 // queued on the other side (however long the other side's receiver
 // takes: an end passed on ahead of bytes still queued would cut the
-// stream short), and returns the bytes moved each way. An
-// error on either side (a reset) ends both at once, and is the one Run
-// returns. The sockets stay open: the caller closes them (after Remove).
+// stream short), and returns the bytes moved each way. An error on
+// either side (a reset) ends both at once, and is the one Run returns.
+// The sockets stay open: the caller closes them (after Remove); closing
+// them ends Run.
 //
 // Nothing is polled while bytes move: each side's end is a change of its
-// socket's state, which wakes the poller. Only at an end does Run wait
-// for the last bytes to be queued, asking less and less often. It waits for b in a new
-// goroutine and for a in the caller's, as a relay copies.
+// socket's state, which wakes the waiter. Run waits in the caller's
+// goroutine alone, for a through Go's poller (which a Close wakes too)
+// and for b through the Path's watcher, which interrupts that wait: an
+// idle pair holds no goroutine of its own. Each end is passed on in a
+// goroutine of its own, the last bytes awaited less and less often, as
+// is a direction the verdict left to user space.
 func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	conns := [2]*net.TCPConn{a, b}
-	wait := func(i int) {
-		if err := pr.waitEnd(i, conns); err != nil && pr.failed.CompareAndSwap(nil, &err) {
-			for _, c := range conns {
-				c.SetLinger(0)
-				c.SetReadDeadline(time.Now()) // the other side's wait returns
+	var mu sync.Mutex
+	waitOnA := true // else a is relayed in user space, and Run waits on woken
+	removeWatch, err := pr.p.watch.add(b, func() {
+		pr.wake()
+		mu.Lock()
+		if waitOnA {
+			a.SetReadDeadline(time.Unix(1, 0))
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		pr.fail(conns, err)
+		return 0, 0, err
+	}
+	defer removeWatch()
+	rc, err := a.SyscallConn()
+	if err != nil {
+		pr.fail(conns, err)
+		return 0, 0, err
+	}
+	var ended [2]bool
+	var passing sync.WaitGroup
+	for !(ended[0] && ended[1]) && pr.failed.Load() == nil {
+		var states [2]sideState
+		changed := func() bool {
+			for i, c := range conns {
+				if !ended[i] {
+					states[i] = stateOf(c)
+				}
+			}
+			return states != [2]sideState{}
+		}
+		if waitOnA {
+			if err := rc.Read(func(uintptr) bool { return changed() }); err != nil {
+				if !errors.Is(err, os.ErrDeadlineExceeded) {
+					pr.fail(conns, fmt.Errorf("fastpath: %w", err)) // closed
+					break
+				}
+				mu.Lock()
+				a.SetReadDeadline(time.Time{})
+				mu.Unlock()
+				continue // woken: look again
+			}
+		} else if !changed() {
+			<-pr.woken
+			continue
+		}
+		for i, st := range states {
+			switch {
+			case st.err != nil:
+				pr.fail(conns, fmt.Errorf("fastpath: %w", st.err))
+			case st.ended || st.left:
+				ended[i] = true
+				if i == 0 && st.left {
+					mu.Lock()
+					waitOnA = false
+					a.SetReadDeadline(time.Time{})
+					mu.Unlock()
+				}
+				passing.Add(1)
+				go func() {
+					defer passing.Done()
+					if err := pr.passEnd(i, conns, st.left); err != nil {
+						pr.fail(conns, fmt.Errorf("fastpath: %w", err))
+					}
+				}()
 			}
 		}
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		wait(1)
-	}()
-	wait(0)
-	<-done
+	passing.Wait()
 	aToB, bToA = pr.Bytes()
 	if e := pr.failed.Load(); e != nil {
 		err = *e
@@ -50,33 +110,51 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	return aToB, bToA, err
 }
 
-// waitEnd waits for side i's end of stream and passes it on. The
-// socket is read only if the verdict leaves it bytes, once its peer fell
-// MaxQueued behind: the direction is then relayed here to its end. Its
-// state says when the other end finished (or reset), which the kernel
-// signals to the poller as it changes.
-func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
-	src, dst := conns[i], conns[1-i]
-	rc, err := src.SyscallConn()
-	if err != nil {
-		return fmt.Errorf("fastpath: %w", err)
+// wake tells Run to look again, when it waits on woken.
+func (pr *Pair) wake() {
+	select {
+	case pr.woken <- struct{}{}:
+	default:
 	}
-	var sockErr error
-	var left bool // bytes wait for user space
+}
+
+// fail ends both sides at once with a reset, err the cause, unless they
+// failed before: every wait on them returns.
+func (pr *Pair) fail(conns [2]*net.TCPConn, err error) {
+	if pr.failed.CompareAndSwap(nil, &err) {
+		for _, c := range conns {
+			c.SetLinger(0)
+			c.SetReadDeadline(time.Now())
+		}
+	}
+	pr.wake()
+}
+
+// sideState is what a side's socket says: a reset, bytes the verdict
+// left to user space, or its peer's end; nothing of those while the
+// peer may still send.
+type sideState struct {
+	err         error
+	left, ended bool
+}
+
+// stateOf reads c's state: its socket error, whether bytes wait to be
+// read (once its peer fell MaxQueued behind, the verdict leaves them),
+// and its TCP state, which says whether the other end has finished.
+func stateOf(c *net.TCPConn) sideState {
+	var st sideState
 	var probe [1]byte
-	err = rc.Read(func(fd uintptr) bool {
-		if e, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
-			sockErr = errors.Join(err, syscall.Errno(e))
-			return true
+	err := withFD(c, func(fd int) error {
+		if e, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
+			return errors.Join(err, syscall.Errno(e))
 		}
-		if n, _, _ := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT); n > 0 {
-			left = true
-			return true
+		if n, _, _ := unix.Recvfrom(fd, probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT); n > 0 {
+			st.left = true
+			return nil
 		}
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 		if err != nil {
-			sockErr = err
-			return true
+			return err
 		}
 		// Established, or ended only on this side: the other end may
 		// still send. Any other state is after its end (a socket whose
@@ -84,22 +162,28 @@ func (pr *Pair) waitEnd(i int, conns [2]*net.TCPConn) error {
 		// reset shows as SO_ERROR.
 		switch info.State {
 		case unix.BPF_TCP_ESTABLISHED, unix.BPF_TCP_FIN_WAIT1, unix.BPF_TCP_FIN_WAIT2:
-			return false
+		default:
+			st.ended = true
 		}
-		return true
+		return nil
 	})
-	if err == nil {
-		err = sockErr
-	}
 	if err != nil {
-		return fmt.Errorf("fastpath: %w", err)
+		return sideState{err: err}
 	}
+	return st
+}
+
+// passEnd passes side i's end of stream on, once every byte the verdict
+// redirected from it is queued on the other side; with bytes left to
+// user space, it relays the direction to its end first.
+func (pr *Pair) passEnd(i int, conns [2]*net.TCPConn, left bool) error {
+	src, dst := conns[i], conns[1-i]
 	if err := pr.drain(i, dst); err != nil {
-		return fmt.Errorf("fastpath: %w", err)
+		return err
 	}
 	if left {
 		if err := pr.relayRest(i, dst, src); err != nil {
-			return fmt.Errorf("fastpath: %w", err)
+			return err
 		}
 	}
 	// Its failure is not the connection's, as a relay's half-close is
