@@ -327,7 +327,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	s.ctx, s.client, s.tracked = ctx, conn, tracked
 	// Dialled already, or, when intercepted, dialled only for other TCP.
 	s.predial = &predial{target: t, conn: up}
-	s.run(buffered)
+	s.runAndRelay(buffered)
 }
 
 // checkName resolves name as a dial would, and fails as the dial would

@@ -132,64 +132,78 @@ func (r *relay) sinceActive() time.Duration {
 }
 
 // relay writes what each side sent before the decision to the other, then
-// splices both directions until both are done, and records the connection.
-//
-// clientBytes and upBytes are the caller's variables holding them: relay
-// sets them to nil once the bytes are written, so that no frame below an
-// open connection keeps its first bytes' buffer (a variable passed by
-// value stays live in the caller for the whole call).
-func (s *session) relay(kind egresslog.Kind, up *net.TCPConn, t target, clientBytes, upBytes *[]byte) {
-	if t.decision.Requests {
-		// Every spliced path passes here: bytes the gateway does not read
-		// never go to a host whose requests the policy must judge.
-		up.Close()
-		s.deny(t, t.decision, ReasonRequestsUnseen)
+// moves both directions until both are done, and records the connection.
+// It clears a's first bytes once they are written, so that no frame
+// below an open connection keeps their buffer. Its own frame is kept
+// small (the record is built and finished in calls of their own): an open
+// connection's goroutine waits beneath it, and a shallow stack is one the
+// garbage collector can shrink.
+func (s *session) relay(a *allowed) {
+	rec, conn, ok := s.beginRelay(a)
+	if !ok {
 		return
 	}
-	rec := s.baseRecord(kind, t, t.decision)
-	rec.Addr = addrPortOf(up.RemoteAddr())
-	var conn *egresslog.Conn
-	if s.p.Log != nil {
-		conn = s.p.Log.Begin(rec)
-	}
-	r := newRelay(s.client, up)
+	r := newRelay(s.client, a.up)
 	q := s.pol.Quotas()
 	r.paceUp = s.p.pacer(&s.p.bytesUp, s.agent, q.BytesPerSecondUp)
 	r.paceDown = s.p.pacer(&s.p.bytesDown, s.agent, q.BytesPerSecondDown)
 	s.p.relays.add(r)
 	defer s.p.relays.remove(r)
 	if s.tracked != nil {
-		upAddr := rec.Addr
-		defer s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), t, upAddr) })()
+		defer s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), a.target, rec.Addr) })()
 	}
 
-	upN, downN := int64(len(*clientBytes)), int64(len(*upBytes))
+	rec.BytesUp, rec.BytesDown = int64(len(a.clientBytes)), int64(len(a.upBytes))
 	var err error
-	if err = writeAll(up, *clientBytes); err != nil {
+	if err = writeAll(a.up, a.clientBytes); err != nil {
 		r.abort(fmt.Sprintf("client->upstream: %v", err))
-	} else if err = writeAll(s.client, *upBytes); err != nil {
+	} else if err = writeAll(s.client, a.upBytes); err != nil {
 		r.abort(fmt.Sprintf("upstream->client: %v", err))
 	} else {
-		*clientBytes, *upBytes = nil, nil // counted, and let go of
+		a.clientBytes, a.upBytes = nil, nil // counted, and let go of
 		var n, m int64
 		n, m, rec.Relay, err = r.run(s.p.KernelPath, s.p.kernelPathAfter(), s.p.logger)
-		upN, downN = upN+n, downN+m
+		rec.BytesUp, rec.BytesDown = rec.BytesUp+n, rec.BytesDown+m
 	}
-	rec.BytesUp = upN
-	rec.BytesDown = downN
+	s.endRelay(r, rec, conn, a.target.decision.Reason, err)
+}
+
+// beginRelay records a's connection as open, unless it is to a host
+// whose requests the policy judges: every spliced path passes here, so
+// bytes the gateway does not read never go to such a host.
+func (s *session) beginRelay(a *allowed) (*egresslog.Record, *egresslog.Conn, bool) {
+	if a.target.decision.Requests {
+		a.up.Close()
+		s.deny(a.target, a.target.decision, ReasonRequestsUnseen)
+		return nil, nil, false
+	}
+	rec := new(egresslog.Record)
+	*rec = s.baseRecord(a.kind, a.target, a.target.decision)
+	rec.Addr = addrPortOf(a.up.RemoteAddr())
+	var conn *egresslog.Conn
+	if s.p.Log != nil {
+		conn = s.p.Log.Begin(*rec)
+	}
+	return rec, conn, true
+}
+
+// endRelay records the end of r's connection, err its failure if any,
+// and closes both sides. allowedWhy is the decision's reason, which a
+// clean end keeps.
+func (s *session) endRelay(r *relay, rec *egresslog.Record, conn *egresslog.Conn, allowedWhy string, err error) {
 	rec.Reason = ReasonClosed
 	if why := r.why.Load(); why != nil {
 		rec.Reason = *why
 	} else if err != nil {
 		rec.Reason = err.Error()
 	}
-	if rec.Reason == ReasonClosed && t.decision.Reason != "" {
-		rec.Reason = t.decision.Reason
+	if rec.Reason == ReasonClosed && allowedWhy != "" {
+		rec.Reason = allowedWhy
 	}
 	rec.Duration = time.Since(s.start)
 	rec.Reason = s.notes.Annotate(rec.Reason)
 	if conn != nil {
-		conn.End(rec)
+		conn.End(*rec)
 	}
 	r.client.Close()
 	r.up.Close()

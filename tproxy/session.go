@@ -143,6 +143,36 @@ type session struct {
 	connectTarget string
 	connectName   string
 	predial       *predial
+	// allowed is the connection run judged and dialled, for relay.
+	allowed *allowed
+}
+
+// allowed is a connection judged and dialled, with what each side sent
+// before, to be relayed. run leaves it to its caller, which relays it
+// once the frames that judged it have returned: an open connection's
+// goroutine then uses its stack only as deep as relay, and the garbage
+// collector shrinks the stack that judging grew.
+type allowed struct {
+	kind                 egresslog.Kind
+	up                   *net.TCPConn
+	target               target
+	clientBytes, upBytes []byte
+}
+
+// allow leaves the connection to up to be relayed when run returns.
+func (s *session) allow(kind egresslog.Kind, up *net.TCPConn, t target, clientBytes, upBytes *[]byte) {
+	s.allowed = &allowed{kind: kind, up: up, target: t, clientBytes: *clientBytes, upBytes: *upBytes}
+	*clientBytes, *upBytes = nil, nil
+}
+
+// runAndRelay runs the session and relays the connection it allowed, if
+// it allowed one.
+func (s *session) runAndRelay(buffered []byte) {
+	s.run(buffered)
+	if a := s.allowed; a != nil {
+		s.allowed = nil
+		s.relay(a)
+	}
 }
 
 // predial is a CONNECT target judged before the tunnel was answered, and
@@ -200,7 +230,7 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 	defer cancel()
 	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, current: p.currentFor(agent, src.Addr()), tracked: tracked,
 		notes: notes, src: src, dst: dst, names: names, start: start}
-	s.run(nil)
+	s.runAndRelay(nil)
 }
 
 func (p *Proxy) lookupAgent(src netip.Addr) (string, *policy.Policy, bool) {
@@ -409,7 +439,8 @@ func (sp *speculation) discard() {
 
 // run reads the client's first bytes (after buffered, which a CONNECT
 // client may have sent early) and hands the connection to the path its
-// protocol takes. While the client is silent it dials the speculative
+// protocol takes; one to be relayed it leaves in s.allowed, for
+// runAndRelay. While the client is silent it dials the speculative
 // target, so that a server that speaks first can.
 func (s *session) run(buffered []byte) {
 	sp := speculation{s: s}
@@ -480,7 +511,7 @@ func (s *session) run(buffered []byte) {
 				// The server spoke first: other TCP, judged by the
 				// speculative target already.
 				up, _, _ := sp.take()
-				s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, &cr.buf, &r.buf)
+				s.allow(kindOr(s.kind, egresslog.KindTCP), up, sp.target, &cr.buf, &r.buf)
 				return
 			}
 		}
@@ -527,7 +558,7 @@ func (s *session) run(buffered []byte) {
 			s.dialFailed(egresslog.KindTCP, sp.target, err)
 			return
 		}
-		s.relay(kindOr(s.kind, egresslog.KindTCP), up, sp.target, &buf, &early)
+		s.allow(kindOr(s.kind, egresslog.KindTCP), up, sp.target, &buf, &early)
 	}
 }
 
@@ -609,7 +640,7 @@ func (s *session) serveTLS(bufp *[]byte, sp *speculation) {
 		s.dialFailed(egresslog.KindTLS, t, err)
 		return
 	}
-	s.relay(kindOr(s.kind, egresslog.KindTLS), up, t, &buf, &early)
+	s.allow(kindOr(s.kind, egresslog.KindTLS), up, t, &buf, &early)
 }
 
 func kindOr(k, def egresslog.Kind) egresslog.Kind {
