@@ -65,7 +65,10 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 			}
 			return states != [2]sideState{}
 		}
-		if waitOnA {
+		mu.Lock()
+		onA := waitOnA
+		mu.Unlock()
+		if onA {
 			if err := rc.Read(func(uintptr) bool { return changed() }); err != nil {
 				if !errors.Is(err, os.ErrDeadlineExceeded) {
 					pr.fail(conns, fmt.Errorf("fastpath: %w", err)) // closed
@@ -97,6 +100,13 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 					defer passing.Done()
 					if err := pr.passEnd(i, conns, st.left); err != nil {
 						pr.fail(conns, fmt.Errorf("fastpath: %w", err))
+					} else if i == 0 && st.left {
+						// a is read no more: back to its poller, which
+						// a Close (an abort) wakes; woken would not be.
+						mu.Lock()
+						waitOnA = true
+						mu.Unlock()
+						pr.wake()
 					}
 				}()
 			}
