@@ -507,14 +507,24 @@ func TestClosingEndsRun(t *testing.T) {
 	ran := runInBackground(pr, a, b)
 	client.Write([]byte("some bytes"))
 	time.Sleep(50 * time.Millisecond)
-	a.SetLinger(0)
-	a.Close()
-	b.SetLinger(0)
-	b.Close()
+	r := abortAndAwait(t, a, b, ran)
+	assert.ErrorIs(t, r.err, net.ErrClosed)
+}
+
+// abortAndAwait resets and closes both sockets of a running pair, as
+// tproxy's abort does, and returns what its Run returned, failing the
+// test if Run does not return.
+func abortAndAwait(t *testing.T, a, b *net.TCPConn, ran <-chan runResult) runResult {
+	t.Helper()
+	for _, c := range []*net.TCPConn{a, b} {
+		c.SetLinger(0)
+		c.Close()
+	}
 	select {
 	case r := <-ran:
-		assert.ErrorIs(t, r.err, net.ErrClosed)
+		return r
 	case <-time.After(5 * time.Second):
 		require.Fail(t, "Run did not end when its sockets were closed")
+		return runResult{}
 	}
 }
