@@ -96,6 +96,9 @@ type Pair struct {
 	// base is what each socket's sending side had taken before the
 	// kernel path could send on it: what it sends after is redirected.
 	base [2]int64
+	// taken is what the caller had read of each socket before the
+	// splice: what it received after is the pair's to move.
+	taken [2]int64
 	// relayed is what Run copied itself, of a direction the verdict left
 	// to user space.
 	relayed [2]atomic.Int64
@@ -133,6 +136,10 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 		if pr.base[i], _, err = queued(c); err != nil {
 			pr.Remove()
 			return nil, fmt.Errorf("fastpath: send queue: %w", err)
+		}
+		if pr.taken[i], err = taken(c); err != nil {
+			pr.Remove()
+			return nil, fmt.Errorf("fastpath: receive queue: %w", err)
 		}
 	}
 	// Where bytes go, then how much went, then what is judged: a

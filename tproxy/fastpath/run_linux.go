@@ -166,15 +166,7 @@ func stateOf(c *net.TCPConn) sideState {
 		if err != nil {
 			return err
 		}
-		// Established, or ended only on this side: the other end may
-		// still send. Any other state is after its end (a socket whose
-		// both ends are done is closed, its time-wait kept apart); a
-		// reset shows as SO_ERROR.
-		switch info.State {
-		case unix.BPF_TCP_ESTABLISHED, unix.BPF_TCP_FIN_WAIT1, unix.BPF_TCP_FIN_WAIT2:
-		default:
-			st.ended = true
-		}
+		st.ended = stateAfterEnd(info.State)
 		return nil
 	})
 	if err != nil {
@@ -183,13 +175,34 @@ func stateOf(c *net.TCPConn) sideState {
 	return st
 }
 
+// stateAfterEnd says whether a socket in TCP state st has received its
+// peer's end. Established, or ended only on this side: the other end may
+// still send. Any other state is after its end (a socket whose both ends
+// are done is closed, its time-wait kept apart); a reset shows as
+// SO_ERROR.
+func stateAfterEnd(st uint8) bool {
+	switch st {
+	case unix.BPF_TCP_ESTABLISHED, unix.BPF_TCP_FIN_WAIT1, unix.BPF_TCP_FIN_WAIT2:
+		return false
+	}
+	return true
+}
+
 // passEnd passes side i's end of stream on, once every byte the verdict
 // redirected from it is queued on the other side; with bytes left to
-// user space, it relays the direction to its end first.
+// user space (seen, or still on their way), it relays the direction to
+// its end first.
 func (pr *Pair) passEnd(i int, conns [2]*net.TCPConn, left bool) error {
 	src, dst := conns[i], conns[1-i]
 	if err := pr.drain(i, dst); err != nil {
 		return err
+	}
+	if !left {
+		unmoved, err := pr.unmoved(i, src)
+		if err != nil {
+			return err
+		}
+		left = unmoved > 0
 	}
 	if left {
 		if err := pr.relayRest(i, dst, src); err != nil {
@@ -202,15 +215,16 @@ func (pr *Pair) passEnd(i int, conns [2]*net.TCPConn, left bool) error {
 	return nil
 }
 
-// drain waits until dst has taken to send every byte the verdict
-// redirected from side i, asking after 1 ms, then less often, up to every
-// 50 ms: a receiver that never takes them holds the connection until it
-// is closed (the idle timeout, say), as it would hold a relay's write.
-// It stops when dst's connection is gone (reset by its peer, which has
-// left: its bytes go with it, as a relay's written into a socket whose
-// peer resets go) or the other direction failed.
+// drain waits until dst has taken to send every byte moved from side i
+// (what the verdict redirected, and what relayRest wrote), asking after
+// 1 ms, then less often, up to every 50 ms: a receiver that never takes
+// them holds the connection until it is closed (the idle timeout, say),
+// as it would hold a relay's write. It stops when dst's connection is
+// gone (reset by its peer, which has left: its bytes go with it, as a
+// relay's written into a socket whose peer resets go) or the other
+// direction failed.
 func (pr *Pair) drain(i int, dst *net.TCPConn) error {
-	moved := pr.moved(i)
+	moved := pr.moved(i) + pr.relayed[i].Load()
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
 		q, closed, err := queued(dst)
 		switch {
@@ -232,20 +246,48 @@ var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return
 
 // relayRest copies side i's bytes to dst until its end of stream, for a
 // direction the verdict left to user space. It reads with recvmsg (what
-// the verdict left is queued for it alone; splicing would not see it).
+// the verdict left is queued for it alone; splicing would not see it),
+// and writes only once dst has taken what the verdict redirected before.
+//
+// A socket in the sockmap reads its end of stream as soon as its peer's
+// end has arrived, even while bytes the verdict left to it still wait in
+// the kernel's backlog (for a receive buffer too small to take them at
+// once): an end is believed only once the pair has moved every byte the
+// socket received. Bytes that do not come within endGrace of the last
+// fail the connection, which a reset then tells both sides: a stream
+// cut short must never look whole.
 func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
+	wait, waited := time.Millisecond, time.Duration(0)
 	for {
 		n, err := src.Read(*bp)
 		if n > 0 {
+			if derr := pr.drain(i, dst); derr != nil {
+				return derr
+			}
 			if _, werr := dst.Write((*bp)[:n]); werr != nil {
 				return werr
 			}
 			pr.relayed[i].Add(int64(n))
+			wait, waited = time.Millisecond, 0
 		}
 		if err == io.EOF {
-			return nil
+			unmoved, uerr := pr.unmoved(i, src)
+			switch {
+			case uerr != nil:
+				return uerr
+			case unmoved <= 0:
+				return nil
+			case waited >= endGrace:
+				return fmt.Errorf("%d bytes received never came out of the kernel path", unmoved)
+			case pr.failed.Load() != nil:
+				return errors.New("the other direction failed")
+			}
+			time.Sleep(wait)
+			waited += wait
+			wait = min(2*wait, 50*time.Millisecond)
+			continue
 		}
 		if err != nil {
 			return err
@@ -253,9 +295,65 @@ func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
 	}
 }
 
+// endGrace bounds the wait for bytes a socket received after its end was
+// read: the kernel's backlog hands them on at once, unless something is
+// wrong.
+const endGrace = 5 * time.Second
+
+// unmoved is how many of the bytes side i has received since the splice
+// (its end of stream, which counts one in TCP's sequence, not counted)
+// the pair has neither redirected nor relayed.
+func (pr *Pair) unmoved(i int, src *net.TCPConn) (int64, error) {
+	var received int64
+	err := withFD(src, func(fd int) error {
+		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err != nil {
+			return err
+		}
+		received = int64(info.Bytes_received)
+		if received > 0 && stateAfterEnd(info.State) {
+			received--
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return received - pr.taken[i] - pr.moved(i) - pr.relayed[i].Load(), nil
+}
+
 // moved is what the kernel path redirected from side i.
 func (pr *Pair) moved(i int) int64 {
 	return pr.redirected()[i]
+}
+
+// taken is how many bytes the reader of c has taken so far: all it
+// received, less what waits in its receive queue, read until the two
+// agree (bytes may arrive between the reads).
+func taken(c *net.TCPConn) (int64, error) {
+	var n int64
+	err := withFD(c, func(fd int) error {
+		for range 16 {
+			before, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err != nil {
+				return err
+			}
+			inq, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+			if err != nil {
+				return err
+			}
+			after, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+			if err != nil {
+				return err
+			}
+			if before.Bytes_received == after.Bytes_received {
+				n = int64(after.Bytes_received) - int64(inq)
+				return nil
+			}
+		}
+		return errors.New("bytes kept arriving")
+	})
+	return n, err
 }
 
 // queued is how many bytes c's sending side has taken so far
