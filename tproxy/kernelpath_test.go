@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/policy"
@@ -314,3 +316,96 @@ func TestKernelPathEndsOnForgetAndRejudge(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// tcpPair returns the two ends of a loopback TCP connection, with
+// socket buffers of size bytes each way on both (which also turns off
+// the kernel's tuning of them).
+func tcpPair(t *testing.T, size int) (dialled, accepted *net.TCPConn) {
+	t.Helper()
+	ln := listenLoop(t, "127.0.0.1:0")
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	for _, tc := range []*net.TCPConn{c.(*net.TCPConn), s.(*net.TCPConn)} {
+		require.NoError(t, tc.SetReadBuffer(size))
+		require.NoError(t, tc.SetWriteBuffer(size))
+	}
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+// TestHandoverWhileAMirrorWaitsOnItsWrites: a handover must not stop a
+// direction while the other still moves bytes that need it. The upstream
+// mirrors what it reads (io.Copy(c, c)): it reads again only once its
+// write went through. A direction that had stopped reading to wait for
+// the other left the other blocked writing to the mirror, and the
+// connection stalled until the idle timeout. Handed over at once with
+// more of the client's bytes queued than the mirror's side holds (16 KiB
+// buffers), the stall was certain; after the first 64 KiB, possible.
+// Every byte arrives, in order, whether or not the kernel path takes the
+// connection, and the counts say so.
+func TestHandoverWhileAMirrorWaitsOnItsWrites(t *testing.T) {
+	kp := kernelPath(t)
+	for _, tc := range []struct {
+		name   string
+		after  int64
+		queued int // the client's bytes waiting before the relay starts
+	}{
+		{"at once, bytes queued", -1, 1 << 20},
+		{"after 64 KiB", 64 << 10, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app, client := tcpPair(t, 4<<20)
+			up, mirror := tcpPair(t, 16<<10)
+			go func() {
+				io.Copy(mirror, mirror)
+				mirror.CloseWrite()
+			}()
+			sent := make([]byte, 8<<20)
+			rand.Read(sent)
+			go func() {
+				app.Write(sent)
+				app.CloseWrite()
+			}()
+			require.Eventually(t, func() bool { return unreadBytes(client) >= tc.queued }, 5*time.Second, time.Millisecond)
+
+			r := newRelay(client, up)
+			type result struct {
+				up, down int64
+				how      string
+				err      error
+			}
+			done := make(chan result, 1)
+			go func() {
+				var res result
+				res.up, res.down, res.how, res.err = r.run(kp, int(tc.after), func() *slog.Logger { return slog.New(slog.DiscardHandler) })
+				done <- res
+			}()
+			app.SetReadDeadline(time.Now().Add(20 * time.Second))
+			back, err := io.ReadAll(app)
+			require.NoError(t, err, "the connection stalled after %d of %d bytes", len(back), len(sent))
+			assert.True(t, bytes.Equal(sent, back), "the mirror's %d bytes differ from the %d sent", len(back), len(sent))
+			select {
+			case res := <-done:
+				t.Logf("moved by %s", res.how)
+				assert.NoError(t, res.err)
+				assert.EqualValues(t, len(sent), res.up, "bytes up (%s)", res.how)
+				assert.EqualValues(t, len(sent), res.down, "bytes down (%s)", res.how)
+			case <-time.After(10 * time.Second):
+				require.Fail(t, "the relay did not end")
+			}
+		})
+	}
+}
+
+// unreadBytes is how many bytes wait in c's receive queue.
+func unreadBytes(c *net.TCPConn) int {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var n int
+	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n
+}

@@ -276,10 +276,7 @@ const handoverAttempts = 6
 
 // handover is a handover of r to the kernel path after bytes.
 func (r *relay) handover(after int64) *handover {
-	return &handover{after: after, asked: after < 0, stop: func() {
-		r.client.SetReadDeadline(time.Unix(1, 0))
-		r.up.SetReadDeadline(time.Unix(1, 0))
-	}}
+	return &handover{after: after, asked: after < 0, srcs: [2]net.Conn{r.client, r.up}}
 }
 
 // stop is where a direction of a relay stopped.
@@ -292,17 +289,33 @@ const (
 )
 
 // handover stops both directions of a relay once either has moved after
-// bytes, so that the kernel path can take the connection. A connection
-// with a direction already ended is not handed over (a half-closed
-// socket cannot join the kernel path); its other direction goes on.
+// bytes, so that the kernel path can take the connection: each settles
+// (see settle), and the connection is handed over once both have. A
+// connection with a direction already ended is not handed over (a
+// half-closed socket cannot join the kernel path); its other direction
+// goes on.
 type handover struct {
 	after int64
-	stop  func() // interrupts both directions' waits for bytes
+	srcs  [2]net.Conn // each direction's source: a read deadline in the past stops its wait
 
-	mu    sync.Mutex
-	asked bool
-	ended [2]bool
+	mu      sync.Mutex
+	asked   bool
+	ended   [2]bool
+	waiting [2]bool // settled, and waiting for the other direction
+	outcome outcome
 }
+
+// outcome is how a handover attempt ends.
+type outcome int
+
+const (
+	pending   outcome = iota
+	handed            // both directions settled at once
+	abandoned         // a direction ended, failed, or kept its queue full
+)
+
+// interrupt stops direction i's wait for bytes.
+func (h *handover) interrupt(i int) { h.srcs[i].SetReadDeadline(time.Unix(1, 0)) }
 
 // ask, from direction i, which has moved its after bytes, stops both
 // directions, unless the other has ended; true if the relay is being
@@ -315,9 +328,56 @@ func (h *handover) ask(i int) bool {
 	}
 	if !h.asked {
 		h.asked = true
-		h.stop()
+		h.interrupt(0)
+		h.interrupt(1)
 	}
 	return true
+}
+
+// arrive says that direction i has settled, its receive queue empty: if
+// the other waits settled, the relay is handed over, and the other's wait
+// ends; else i waits, its own wait for bytes made possible again. It
+// returns the outcome so far.
+func (h *handover) arrive(i int) outcome {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.outcome == pending {
+		if h.waiting[1-i] {
+			h.outcome = handed
+			h.interrupt(1 - i)
+		} else {
+			h.waiting[i] = true
+			h.srcs[i].SetReadDeadline(time.Time{})
+		}
+	}
+	return h.outcome
+}
+
+// depart ends direction i's wait, and returns the outcome so far.
+func (h *handover) depart(i int) outcome {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.waiting[i] = false
+	return h.outcome
+}
+
+// abandon gives the attempt up, ending a settled direction's wait.
+func (h *handover) abandon() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.abandonLocked()
+}
+
+func (h *handover) abandonLocked() {
+	if h.outcome != pending {
+		return
+	}
+	h.outcome = abandoned
+	for i, w := range h.waiting {
+		if w {
+			h.interrupt(i)
+		}
+	}
 }
 
 // stopping says whether the directions are being stopped, to hand over.
@@ -330,14 +390,15 @@ func (h *handover) stopping() bool {
 	return h.asked
 }
 
-// end notes that direction i has ended.
+// end notes that direction i has ended, which abandons an attempt.
 func (h *handover) end(i int) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.ended[i] = true
-	h.mu.Unlock()
+	h.abandonLocked()
 }
 
 // direction is one way of a relay: from src to dst, held to pace, named
@@ -389,9 +450,7 @@ func (r *relay) moveBoth(h *handover, which [2]bool, n *[2]int64) (stops [2]stop
 // move copies direction i of the relay to its end of stream, which it
 // passes on as a half-close; a failure aborts both directions. With a
 // handover it stops once it or the other direction has moved h.after
-// bytes, unless one of them has ended, after passing on what its source
-// has received: the kernel path is handed whole skbs, and one the relay
-// read part of would go again.
+// bytes, unless one of them has ended, and settles.
 func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err error) {
 	limit := int64(noLimit)
 	if h != nil {
@@ -414,7 +473,7 @@ func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err err
 	if stopping {
 		var m int64
 		var ended bool
-		m, at, ended, err = r.flush(d.dst, d.src)
+		m, at, ended, err = r.settle(d, i, h)
 		n += m
 		if err == nil && !ended {
 			return n, at, nil
@@ -428,6 +487,44 @@ func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err err
 	closeWrite(d.dst)
 	return n, running, nil
 }
+
+// settle passes on what direction i's source has received, without
+// waiting for more, until its receive queue is empty (the kernel path is
+// handed whole skbs, and one the relay read part of would go again), and
+// arrives at the handover. While the other direction has not settled, it
+// keeps moving whatever arrives: a direction that stopped reading while
+// the other still moved bytes would stall a peer that reads only once
+// its own writes go through (a mirror), and with it the other direction,
+// until the idle timeout. It stops at emptied once both have settled, or
+// the attempt is abandoned (by the other direction, or by this one: at
+// its end of stream, a failure, or after flushBound bytes, at full).
+func (r *relay) settle(d direction, i int, h *handover) (n int64, at stop, ended bool, err error) {
+	for {
+		var m int64
+		m, at, ended, err = r.flush(d.dst, d.src, flushBound-n)
+		n += m
+		if err != nil || ended || at == full {
+			h.abandon()
+			return n, at, ended, err
+		}
+		if h.arrive(i) != pending {
+			return n, emptied, false, nil
+		}
+		err = awaitBytes(d.src)
+		if h.depart(i) != pending {
+			return n, emptied, false, nil
+		}
+		if err != nil {
+			h.abandon() // not woken by the handover: the connection failed
+			return n, running, false, err
+		}
+	}
+}
+
+// flushBound is the most a handover's flushes of one direction move
+// looking for an empty receive queue: a sender that keeps it full stays
+// on the relay.
+const flushBound = 4 << 20
 
 // noLimit is a copy's limit that only its end of stream reaches.
 const noLimit = math.MaxInt64

@@ -170,15 +170,11 @@ func (p *pipe) drain(dst syscall.RawConn, n int) (int, error) {
 	return moved, nil
 }
 
-// flushBound is the most a flush moves looking for an empty receive
-// queue: a sender that keeps it full stays on the relay.
-const flushBound = 4 << 20
-
 // flush moves what src has received to dst, without waiting for more,
 // until src's receive queue is empty (at emptied: what arrives after is
-// whole skbs), or it has moved flushBound bytes (at full), or src's end
-// of stream.
-func (r *relay) flush(dst, src net.Conn) (n int64, at stop, ended bool, err error) {
+// whole skbs), or it has moved limit bytes (at full), or src's end of
+// stream.
+func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended bool, err error) {
 	srcRaw, err := src.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		return 0, running, false, err
@@ -191,7 +187,7 @@ func (r *relay) flush(dst, src net.Conn) (n int64, at stop, ended bool, err erro
 	if err != nil {
 		return 0, running, false, err
 	}
-	for n < flushBound {
+	for n < limit {
 		var inPipe int
 		var spliceErr error
 		// Control, not Read: the handover's deadline has passed.
@@ -219,6 +215,20 @@ func (r *relay) flush(dst, src net.Conn) (n int64, at stop, ended bool, err erro
 	}
 	putPipe(p)
 	return n, full, false, nil
+}
+
+// awaitBytes waits until src has bytes to read, or its end of stream or
+// an error, or its read deadline passes, reading nothing.
+func awaitBytes(src net.Conn) error {
+	raw, err := src.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return err
+	}
+	var probe [1]byte
+	return raw.Read(func(fd uintptr) bool {
+		_, _, err := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return err != unix.EAGAIN
+	})
 }
 
 // spliceRetry calls splice(2) without blocking on the pipe, retrying on

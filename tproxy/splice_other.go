@@ -19,9 +19,12 @@ func (r *relay) copy(dst, src net.Conn, pace *pacer, limit int64) (int64, error)
 }
 
 // flush is never called: a handover needs both ends spliced.
-func (r *relay) flush(dst, src net.Conn) (int64, stop, bool, error) {
+func (r *relay) flush(dst, src net.Conn, limit int64) (int64, stop, bool, error) {
 	return 0, running, false, errors.ErrUnsupported
 }
+
+// awaitBytes is never called: a handover needs both ends spliced.
+func awaitBytes(src net.Conn) error { return errors.ErrUnsupported }
 
 // idle returns how long no byte has moved either way.
 func (r *relay) idle() time.Duration { return r.sinceActive() }
