@@ -28,6 +28,7 @@ type relay struct {
 	spliced    bool                   // both ends are TCP and the OS splices
 	lastActive atomic.Int64           // unix nanoseconds of the last bytes copyTracked moved
 	why        atomic.Pointer[string] // why it was cut short, if it was
+	urgent     atomic.Bool            // urgent data passed: it stays off the kernel path
 	// paceUp and paceDown, when set, are told of the bytes moved each
 	// way and wait while the agent is over its byte quota.
 	paceUp, paceDown *pacer
@@ -248,6 +249,8 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 		r.client.SetReadDeadline(time.Time{})
 		r.up.SetReadDeadline(time.Time{})
 		switch {
+		case r.urgent.Load():
+			h = nil // the kernel path would pass urgent data on inline
 		case stops == [2]stop{emptied, emptied}:
 			wait, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
 			if kerr == nil {

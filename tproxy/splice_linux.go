@@ -16,7 +16,7 @@ const canSplice = true
 // bytes: spliced when both ends are TCP, through user space otherwise.
 func (r *relay) copy(dst, src net.Conn, pace *pacer, limit int64) (int64, error) {
 	if r.spliced {
-		return spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn), pace, limit)
+		return r.spliceCopy(dst.(*net.TCPConn), src.(*net.TCPConn), pace, limit)
 	}
 	return r.copyTracked(dst, src, pace, limit)
 }
@@ -96,8 +96,8 @@ func (p *pipe) close() {
 // spliceCopy moves bytes from src to dst with splice(2) until src's end of
 // stream or limit bytes, returning the count. A pipe is taken from the pool when src has
 // bytes and returned, empty, before waiting for more. Each pipe's worth is
-// held to pace.
-func spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) {
+// held to pace. Urgent data is passed on as urgent data (see urgent).
+func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) {
 	srcRaw, err := src.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -111,6 +111,7 @@ func spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) 
 		var p *pipe
 		var inPipe int
 		var spliceErr error
+		var urg urgentBytes
 		// Fill a pipe from src; wait, holding no pipe, while src is empty.
 		err := srcRaw.Read(func(fd uintptr) bool {
 			if p == nil {
@@ -119,6 +120,11 @@ func spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) 
 				}
 			}
 			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(int64(pace.chunk(pipeSize)), limit-total)))
+			if inPipe == 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
+				if urg, spliceErr = takeUrgent(int(fd), spliceErr); urg.n > 0 {
+					return true
+				}
+			}
 			if spliceErr == unix.EAGAIN {
 				putPipe(p)
 				p = nil
@@ -128,6 +134,15 @@ func spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) 
 		})
 		if err == nil {
 			err = spliceErr
+		}
+		if err == nil && urg.n > 0 {
+			putPipe(p)
+			n, err := r.passUrgent(dstRaw, urg)
+			total += int64(n)
+			if err != nil || urg.ended {
+				return total, err
+			}
+			continue
 		}
 		if err != nil || inPipe == 0 {
 			if p != nil {
@@ -190,10 +205,25 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended b
 	for n < limit {
 		var inPipe int
 		var spliceErr error
+		var urg urgentBytes
 		// Control, not Read: the handover's deadline has passed.
-		if err := srcRaw.Control(func(fd uintptr) { inPipe, spliceErr = spliceRetry(int(fd), p.w, pipeSize) }); err != nil {
+		if err := srcRaw.Control(func(fd uintptr) {
+			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(pipeSize, limit-n)))
+			if inPipe == 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
+				urg, spliceErr = takeUrgent(int(fd), spliceErr)
+			}
+		}); err != nil {
 			putPipe(p)
 			return n, running, false, err
+		}
+		if spliceErr == nil && urg.n > 0 {
+			m, err := r.passUrgent(dstRaw, urg)
+			n += int64(m)
+			if err != nil || urg.ended {
+				putPipe(p)
+				return n, running, urg.ended, err
+			}
+			continue
 		}
 		switch {
 		case spliceErr == unix.EAGAIN:
@@ -215,6 +245,70 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended b
 	}
 	putPipe(p)
 	return n, full, false, nil
+}
+
+// urgentBytes are what takeUrgent read at an urgent mark: the urgent
+// byte, and the byte after it if one had arrived (n of them), and
+// whether src's stream ended there.
+type urgentBytes struct {
+	b     [2]byte
+	n     int
+	ended bool
+}
+
+// takeUrgent is called on the socket fd when splice has moved nothing
+// (spliceErr nil or EAGAIN). splice never reads past TCP's urgent mark
+// (MSG_OOB: telnet's interrupt, FTP's abort, a database client's
+// break): at the mark it says EAGAIN, or 0 if the stream's end has come
+// too, so a relay would stall there, or take the mark for the end. So at
+// a mark whose byte has come, takeUrgent reads the urgent byte out of
+// band, and one read of the stream steps over its place (after which
+// splice goes on), taking the byte after it if there is one. Elsewhere
+// it returns spliceErr as it was.
+func takeUrgent(fd int, spliceErr error) (urgentBytes, error) {
+	var u urgentBytes
+	if at, err := unix.IoctlGetInt(fd, unix.SIOCATMARK); err != nil || at == 0 {
+		return u, spliceErr
+	}
+	if n, _, err := unix.Recvfrom(fd, u.b[:1], unix.MSG_OOB|unix.MSG_DONTWAIT); err != nil || n == 0 {
+		return u, spliceErr // the byte has not come yet (EAGAIN), or never will: as splice said
+	}
+	u.n = 1
+	n, _, err := unix.Recvfrom(fd, u.b[1:], unix.MSG_DONTWAIT)
+	switch {
+	case err == nil && n == 0:
+		u.ended = true
+	case err == nil:
+		u.n += n
+	case err != unix.EAGAIN:
+		return u, err
+	}
+	return u, nil
+}
+
+// passUrgent sends what takeUrgent read on dst: the urgent byte as
+// urgent data, at the same place in the stream, then the byte after it,
+// if any. The connection stays on the user-space relay from then on: the
+// kernel path would pass urgent data on as ordinary bytes.
+func (r *relay) passUrgent(dst syscall.RawConn, u urgentBytes) (int, error) {
+	r.urgent.Store(true)
+	var sendErr error
+	moved := 0
+	for moved < u.n {
+		flags := 0
+		if moved == 0 {
+			flags = unix.MSG_OOB
+		}
+		err := dst.Write(func(fd uintptr) bool {
+			sendErr = unix.Sendto(int(fd), u.b[moved:moved+1], flags|unix.MSG_DONTWAIT, nil)
+			return sendErr != unix.EAGAIN
+		})
+		if err = errors.Join(err, sendErr); err != nil {
+			return moved, err
+		}
+		moved++
+	}
+	return moved, nil
 }
 
 // awaitBytes waits until src has bytes to read, or its end of stream or

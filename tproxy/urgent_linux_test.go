@@ -1,0 +1,155 @@
+//go:build linux
+
+package tproxy
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/agenthold/egress/egresslog"
+)
+
+// readWithUrgent reads c to its end, taking TCP urgent data (MSG_OOB)
+// out of band as a receiver without SO_OOBINLINE does: it returns the
+// stream and, for each urgent byte, the byte and its offset in the
+// stream.
+func readWithUrgent(t *testing.T, c *net.TCPConn) (stream []byte, urgent map[int]byte) {
+	t.Helper()
+	urgent = map[int]byte{}
+	rc, err := c.SyscallConn()
+	require.NoError(t, err)
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 64<<10)
+	for time.Now().Before(deadline) {
+		var n int
+		var rerr error
+		var mark bool
+		require.NoError(t, rc.Read(func(fd uintptr) bool {
+			if at, _ := unix.IoctlGetInt(int(fd), unix.SIOCATMARK); at == 1 {
+				var b [1]byte
+				m, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_OOB|unix.MSG_DONTWAIT)
+				if err == nil && m == 1 {
+					urgent[len(stream)] = b[0]
+					mark = true
+					return true
+				}
+			}
+			n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			return !errors.Is(rerr, unix.EAGAIN)
+		}))
+		if mark {
+			continue
+		}
+		require.NoError(t, rerr)
+		if n == 0 {
+			return stream, urgent
+		}
+		stream = append(stream, buf[:n]...)
+	}
+	require.Fail(t, "the stream did not end", "after %q", stream)
+	return
+}
+
+// sendUrgent sends b as TCP urgent data on c.
+func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	require.NoError(t, err)
+	var serr error
+	require.NoError(t, rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendto(int(fd), []byte{b}, unix.MSG_OOB, nil)
+		return !errors.Is(serr, unix.EAGAIN)
+	}))
+	require.NoError(t, serr)
+}
+
+// TestUrgentDataPassesThrough: TCP urgent data (MSG_OOB: telnet's
+// interrupt, FTP's abort, a database client's break) reaches the other
+// side as urgent data at its place in the stream, and the bytes after it
+// follow. splice stops at the urgent mark and never reads past it: the
+// relay stalled there, or took the mark for the end when the stream's
+// end followed, and everything after the mark was lost. A connection
+// that has carried urgent data stays on the user-space relay; one
+// already on the kernel path gets it inline, whole and in order (a
+// stream verdict sees no TCP flags).
+func TestUrgentDataPassesThrough(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		kernel       bool
+		urgentFirst  bool // the client's urgent data waits before the relay starts
+		inline       bool
+		relayedAfter string
+	}{
+		{name: "spliced", relayedAfter: egresslog.RelaySplice},
+		{name: "before a handover", kernel: true, urgentFirst: true, relayedAfter: egresslog.RelaySplice},
+		{name: "on the kernel path", kernel: true, inline: true, relayedAfter: egresslog.RelayKernel},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var kp KernelPath
+			moved := make(chan struct{}, 1)
+			if tc.kernel {
+				sp := signalled(kernelPath(t))
+				kp, moved = sp, sp.moved
+			}
+			app, client := tcpPair(t, 256<<10)
+			up, server := tcpPair(t, 256<<10)
+			send := func(from *net.TCPConn) {
+				_, err := from.Write([]byte("before"))
+				require.NoError(t, err)
+				sendUrgent(t, from, '!')
+				_, err = from.Write([]byte("after"))
+				require.NoError(t, err)
+				require.NoError(t, from.CloseWrite())
+			}
+			if tc.urgentFirst {
+				send(app)
+				require.Eventually(t, func() bool { return unreadBytes(client) >= len("before") }, 5*time.Second, time.Millisecond)
+			}
+			r := newRelay(client, up)
+			type result struct {
+				up, down int64
+				how      string
+				err      error
+			}
+			done := make(chan result, 1)
+			go func() {
+				var res result
+				res.up, res.down, res.how, res.err = r.run(kp, -1, func() *slog.Logger { return slog.New(slog.DiscardHandler) })
+				done <- res
+			}()
+			if tc.relayedAfter == egresslog.RelayKernel {
+				awaitMoved(t, moved)
+			}
+			for _, end := range [][2]*net.TCPConn{{app, server}, {server, app}} {
+				from, to := end[0], end[1]
+				if from != app || !tc.urgentFirst {
+					send(from)
+				}
+				stream, urgent := readWithUrgent(t, to)
+				if tc.inline {
+					assert.Equal(t, "before!after", string(stream))
+					assert.Empty(t, urgent)
+				} else {
+					assert.Equal(t, "beforeafter", string(stream))
+					assert.Equal(t, map[int]byte{len("before"): '!'}, urgent)
+				}
+			}
+			select {
+			case res := <-done:
+				assert.NoError(t, res.err)
+				assert.EqualValues(t, len("before!after"), res.up, "bytes up")
+				assert.EqualValues(t, len("before!after"), res.down, "bytes down")
+				assert.Equal(t, tc.relayedAfter, res.how)
+			case <-time.After(10 * time.Second):
+				require.Fail(t, "the relay did not end")
+			}
+		})
+	}
+}
