@@ -23,6 +23,10 @@
 // kernel path for good: its bytes stay on its own socket, charged to the
 // receive buffer so that TCP's window holds the sender back, and Run
 // relays them (TestSlowReaderHoldsTheSenderBack: 13.6 MiB queued in all).
+// The same holds for all pairs together (DefaultMaxQueuedTotal, 256 MiB,
+// Path.SetMaxQueuedTotal): a sandbox's thousands of connections to
+// servers that read nothing cannot each queue MaxQueued
+// (TestQueuedBoundAcrossPairs).
 // Reading tcp_sock needs a GPL-compatible program: the verdict is
 // offered under BSD or GPL (programLicense).
 //

@@ -25,11 +25,14 @@ import (
 // that no byte is sent to an empty slot, which would drop it.
 type Path struct {
 	watched, targets, peers *ebpf.Map
+	totals                  *ebpf.Map // what all directions have queued, and the bound
 	prog                    *ebpf.Program
 	watch                   *watcher
 
-	mu   sync.Mutex
-	free []uint32 // free slots of the sockmaps
+	mu       sync.Mutex
+	free     []uint32 // free slots of the sockmaps
+	released uint64   // of the total charged, by pairs done with it
+	bound    uint64
 }
 
 // New loads the programs and maps for up to pairs connection pairs. It
@@ -58,12 +61,18 @@ func New(pairs int) (*Path, error) {
 	if p.peers, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_peers", Type: ebpf.Hash, KeySize: 8, ValueSize: peerSize, MaxEntries: uint32(2 * pairs)}); err != nil {
 		return nil, fmt.Errorf("fastpath: peers map: %w", err)
 	}
+	if p.totals, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_totals", Type: ebpf.Array, KeySize: 4, ValueSize: totalsSize, MaxEntries: 2}); err != nil {
+		return nil, fmt.Errorf("fastpath: totals map: %w", err)
+	}
+	if err = p.SetMaxQueuedTotal(DefaultMaxQueuedTotal); err != nil {
+		return nil, err
+	}
 	writeSeqOff, err := writeSeqOffset()
 	if err != nil {
 		return nil, fmt.Errorf("fastpath: %w", err)
 	}
 	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
-		Instructions: verdictProgram(p.targets, p.peers, writeSeqOff), License: programLicense}); err != nil {
+		Instructions: verdictProgram(p.targets, p.peers, p.totals, writeSeqOff), License: programLicense}); err != nil {
 		return nil, fmt.Errorf("fastpath: verdict program: %w", err)
 	}
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
@@ -85,7 +94,43 @@ func (p *Path) Close() error {
 	if p.watch != nil {
 		p.watch.close()
 	}
-	return errors.Join(p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close()) // each is nil-safe
+	return errors.Join(p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close()) // each is nil-safe
+}
+
+// SetMaxQueuedTotal sets the bound on what all directions of all pairs
+// may have queued together (DefaultMaxQueuedTotal until then).
+func (p *Path) SetMaxQueuedTotal(n int64) error {
+	if n <= 0 {
+		return errors.New("fastpath: the bound on queued bytes must be positive")
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.bound = uint64(n)
+	return p.writeReleasedLocked()
+}
+
+// writeReleasedLocked writes what pairs have released, and the bound,
+// where the verdict reads them.
+func (p *Path) writeReleasedLocked() error {
+	var v [totalsSize]byte
+	binary.NativeEndian.PutUint64(v[0:], p.released)
+	binary.NativeEndian.PutUint64(v[8:], p.bound)
+	if err := p.totals.Update(uint32(totalsReleased), v[:], ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("fastpath: totals: %w", err)
+	}
+	return nil
+}
+
+// Queued is what all directions of all pairs have queued and their
+// peers not yet taken, as the verdict charges it against the bound.
+func (p *Path) Queued() int64 {
+	var v [totalsSize]byte
+	if err := p.totals.Lookup(uint32(totalsCharged), v[:]); err != nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int64(binary.NativeEndian.Uint64(v[:]) - p.released)
 }
 
 // Pair is two connections whose bytes the kernel moves to each other.
@@ -107,6 +152,8 @@ type Pair struct {
 	// woken tells Run of a change it waits for without Go's poller.
 	woken      chan struct{}
 	removeOnce sync.Once
+	// released says which directions' charges the total no longer holds.
+	released [2]bool
 }
 
 // Splice puts a and b in the kernel path: from now on what either
@@ -205,6 +252,9 @@ func (pr *Pair) Remove() {
 			pr.p.watched.Delete(pr.slots[i])
 		}
 		for i := range 2 {
+			pr.release(i)
+		}
+		for i := range 2 {
 			pr.p.targets.Delete(pr.slots[i])
 			if pr.cookies[i] != 0 {
 				pr.p.peers.Delete(pr.cookies[i])
@@ -214,6 +264,23 @@ func (pr *Pair) Remove() {
 		pr.p.free = append(pr.p.free, pr.slots[0], pr.slots[1])
 		pr.p.mu.Unlock()
 	})
+}
+
+// release takes direction i's charge out of the total, once: its bytes
+// have all left the kernel path's queue (or the pair is gone).
+func (pr *Pair) release(i int) {
+	var v [peerSize]byte
+	if pr.cookies[i] == 0 || pr.p.peers.Lookup(pr.cookies[i], v[:]) != nil {
+		return
+	}
+	pr.p.mu.Lock()
+	defer pr.p.mu.Unlock()
+	if pr.released[i] {
+		return
+	}
+	pr.released[i] = true
+	pr.p.released += binary.NativeEndian.Uint64(v[peerChargedOff:])
+	pr.p.writeReleasedLocked() // a failure keeps the charge: more directions stay in user space, none queues more
 }
 
 func socketCookie(c *net.TCPConn) (uint64, error) {

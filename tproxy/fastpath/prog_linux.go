@@ -35,6 +35,7 @@ const (
 //		__u32 seq_set;  // base_seq is set
 //		__u32 avg_len;  // the recent skbs' mean length (a moving average)
 //		__u32 pad;
+//		__u64 charged;  // what this direction last added to the total queued
 //	};
 const (
 	peerSlotOff    = 0
@@ -43,7 +44,21 @@ const (
 	peerBaseSeqOff = 16
 	peerSeqSetOff  = 20
 	peerAvgLenOff  = 24
-	peerSize       = 32
+	peerChargedOff = 32
+	peerSize       = 40
+)
+
+// The totals map's entries, each two 64-bit words: what all directions
+// have charged (the verdict's, which adds to it atomically), and what
+// user space has released of it with the bound (user space's alone, so
+// that neither overwrites the other).
+//
+//	totals[0] = { charged, unused }
+//	totals[1] = { released, bound }
+const (
+	totalsCharged  = 0
+	totalsReleased = 1
+	totalsSize     = 16
 )
 
 // MaxQueued bounds what one direction may have redirected and its peer
@@ -57,6 +72,15 @@ const (
 // queue, where they count against its receive buffer (TCP's window then
 // holds the sender back), and Run relays them in user space.
 const MaxQueued = 4 << 20
+
+// DefaultMaxQueuedTotal bounds what all directions of all pairs may have
+// queued together, charged as MaxQueued charges one: without it, each of
+// an agent's thousands of connections could queue MaxQueued, many GiB in
+// all, outside the kernel's TCP memory accounting. Past it, a direction
+// that would queue more leaves the kernel path, as past MaxQueued, and
+// its bytes wait in its socket's receive buffer, where TCP accounts for
+// them. Path.SetMaxQueuedTotal changes it.
+const DefaultMaxQueuedTotal = 256 << 20
 
 // skbOverhead is what a queued skb costs beyond its bytes, about: the
 // sk_buff, its shared info and the slab's rounding.
@@ -83,10 +107,11 @@ func writeSeqOffset() (int16, error) {
 
 // verdictProgram redirects each skb a socket in the map receives to its
 // peer's slot in targets, counting its bytes, while the peer has taken
-// all but MaxQueued of what was redirected to it; past that, and for a
+// all but MaxQueued of what was redirected to it and all directions
+// together stay within the bound in totals; past either, and for a
 // socket the peers map does not know, the bytes stay with the socket
 // (SK_PASS), for user space.
-func verdictProgram(targets, peers *ebpf.Map, writeSeqOff int16) asm.Instructions {
+func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Instructions {
 	return asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // the skb
 		// An skb without data (its end of stream) is not sent on: the
@@ -155,6 +180,37 @@ func verdictProgram(targets, peers *ebpf.Map, writeSeqOff int16) asm.Instruction
 		asm.Add.Reg(asm.R1, asm.R4),
 		asm.JGT.Imm(asm.R1, MaxQueued, "user"),
 
+		// The bound across all pairs: this direction's charge now takes
+		// the place of what it charged before, in the total; one that
+		// grows past the bound leaves the kernel path.
+		asm.Mov.Reg(asm.R9, asm.R1),
+		asm.StoreImm(asm.RFP, -16, totalsCharged, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.LoadMapPtr(asm.R1, totals.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "user"),
+		asm.Mov.Reg(asm.R8, asm.R0), // the total charged
+		asm.StoreImm(asm.RFP, -16, totalsReleased, asm.Word),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.LoadMapPtr(asm.R1, totals.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "user"),
+		asm.LoadMem(asm.R2, asm.R7, peerChargedOff, asm.DWord),
+		asm.Mov.Reg(asm.R3, asm.R9),
+		asm.Sub.Reg(asm.R3, asm.R2), // the change of this direction's charge
+		asm.JSLE.Imm(asm.R3, 0, "fits"),
+		asm.LoadMem(asm.R4, asm.R8, 0, asm.DWord),
+		asm.LoadMem(asm.R5, asm.R0, 0, asm.DWord),
+		asm.Sub.Reg(asm.R4, asm.R5), // what all directions have queued
+		asm.Add.Reg(asm.R4, asm.R3),
+		asm.LoadMem(asm.R5, asm.R0, 8, asm.DWord),
+		asm.JSGT.Reg(asm.R4, asm.R5, "user"),
+		asm.AddAtomic.Mem(asm.R8, asm.R3, asm.DWord, 0).WithSymbol("fits"),
+		asm.StoreMem(asm.R7, peerChargedOff, asm.R9, asm.DWord),
+
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word),                   // skb->len
 		asm.AddAtomic.Mem(asm.R7, asm.R2, asm.DWord, peerBytesOff), // peer->bytes += len
 		asm.LoadMem(asm.R3, asm.R7, peerSlotOff, asm.Word),
 		asm.Mov.Reg(asm.R1, asm.R6),

@@ -197,6 +197,7 @@ func (pr *Pair) passEnd(i int, conns [2]*net.TCPConn, left bool) error {
 	if err := pr.drain(i, dst); err != nil {
 		return err
 	}
+	pr.release(i) // the verdict queues no more of i's bytes
 	if !left {
 		unmoved, err := pr.unmoved(i, src)
 		if err != nil {
