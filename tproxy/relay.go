@@ -500,14 +500,19 @@ func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err err
 // its own writes go through (a mirror), and with it the other direction,
 // until the idle timeout. It stops at emptied once both have settled, or
 // the attempt is abandoned (by the other direction, or by this one: at
-// its end of stream, a failure, or after flushBound bytes, at full).
+// its end of stream, a failure, or after flushBound bytes, at full; or
+// at full too, if bytes it was woken for would not flush, rather than
+// wake for them again and again).
 func (r *relay) settle(d direction, i int, h *handover) (n int64, at stop, ended bool, err error) {
-	for {
+	for woken := false; ; woken = true {
 		var m int64
 		m, at, ended, err = r.flush(d.dst, d.src, flushBound-n)
 		n += m
-		if err != nil || ended || at == full {
+		if err != nil || ended || at == full || (woken && m == 0) {
 			h.abandon()
+			if err == nil && !ended {
+				at = full
+			}
 			return n, at, ended, err
 		}
 		if h.arrive(i) != pending {

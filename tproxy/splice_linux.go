@@ -120,7 +120,7 @@ func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int
 				}
 			}
 			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(int64(pace.chunk(pipeSize)), limit-total)))
-			if inPipe == 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
+			if inPipe <= 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
 				if urg, spliceErr = takeUrgent(int(fd), spliceErr); urg.n > 0 {
 					return true
 				}
@@ -209,7 +209,7 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended b
 		// Control, not Read: the handover's deadline has passed.
 		if err := srcRaw.Control(func(fd uintptr) {
 			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(pipeSize, limit-n)))
-			if inPipe == 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
+			if inPipe <= 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
 				urg, spliceErr = takeUrgent(int(fd), spliceErr)
 			}
 		}); err != nil {

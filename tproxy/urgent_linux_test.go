@@ -16,18 +16,23 @@ import (
 	"github.com/agenthold/egress/egresslog"
 )
 
-// readWithUrgent reads c to its end, taking TCP urgent data (MSG_OOB)
-// out of band as a receiver without SO_OOBINLINE does: it returns the
-// stream and, for each urgent byte, the byte and its offset in the
-// stream.
-func readWithUrgent(t *testing.T, c *net.TCPConn) (stream []byte, urgent map[int]byte) {
+// readWithUrgent reads c until it has want bytes of the stream (to its
+// end, if want is negative), taking TCP urgent data (MSG_OOB) out of band
+// as a receiver without SO_OOBINLINE does: it returns the stream and, for
+// each urgent byte, the byte and its offset in the stream.
+func readWithUrgent(t *testing.T, c *net.TCPConn, want int) (stream []byte, urgent map[int]byte) {
 	t.Helper()
 	urgent = map[int]byte{}
 	rc, err := c.SyscallConn()
 	require.NoError(t, err)
 	deadline := time.Now().Add(10 * time.Second)
+	c.SetReadDeadline(deadline)
+	defer c.SetReadDeadline(time.Time{})
 	buf := make([]byte, 64<<10)
 	for time.Now().Before(deadline) {
+		if want >= 0 && len(stream) >= want {
+			return stream, urgent
+		}
 		var n int
 		var rerr error
 		var mark bool
@@ -73,9 +78,10 @@ func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
 // TestUrgentDataPassesThrough: TCP urgent data (MSG_OOB: telnet's
 // interrupt, FTP's abort, a database client's break) reaches the other
 // side as urgent data at its place in the stream, and the bytes after it
-// follow. splice stops at the urgent mark and never reads past it: the
-// relay stalled there, or took the mark for the end when the stream's
-// end followed, and everything after the mark was lost. A connection
+// follow, whether the stream's end comes with them or later. splice
+// stops at the urgent mark and never reads past it: the relay stalled
+// there, or took the mark for the end when the stream's end had come,
+// and everything after the mark was lost. A connection
 // that has carried urgent data stays on the user-space relay; one
 // already on the kernel path gets it inline, whole and in order (a
 // stream verdict sees no TCP flags).
@@ -100,16 +106,18 @@ func TestUrgentDataPassesThrough(t *testing.T) {
 			}
 			app, client := tcpPair(t, 256<<10)
 			up, server := tcpPair(t, 256<<10)
-			send := func(from *net.TCPConn) {
+			send := func(from *net.TCPConn, end bool) {
 				_, err := from.Write([]byte("before"))
 				require.NoError(t, err)
 				sendUrgent(t, from, '!')
 				_, err = from.Write([]byte("after"))
 				require.NoError(t, err)
-				require.NoError(t, from.CloseWrite())
+				if end {
+					require.NoError(t, from.CloseWrite())
+				}
 			}
 			if tc.urgentFirst {
-				send(app)
+				send(app, false)
 				require.Eventually(t, func() bool { return unreadBytes(client) >= len("before") }, 5*time.Second, time.Millisecond)
 			}
 			r := newRelay(client, up)
@@ -127,12 +135,25 @@ func TestUrgentDataPassesThrough(t *testing.T) {
 			if tc.relayedAfter == egresslog.RelayKernel {
 				awaitMoved(t, moved)
 			}
-			for _, end := range [][2]*net.TCPConn{{app, server}, {server, app}} {
-				from, to := end[0], end[1]
-				if from != app || !tc.urgentFirst {
-					send(from)
+			// Up, the end comes after the bytes have; down, with them.
+			for _, way := range []struct {
+				from, to *net.TCPConn
+				endLater bool
+			}{{app, server, true}, {server, app, false}} {
+				if way.from != app || !tc.urgentFirst {
+					send(way.from, !way.endLater)
 				}
-				stream, urgent := readWithUrgent(t, to)
+				want := len("beforeafter")
+				if tc.inline {
+					want++
+				}
+				stream, urgent := readWithUrgent(t, way.to, want)
+				if way.endLater {
+					require.NoError(t, way.from.CloseWrite())
+				}
+				rest, more := readWithUrgent(t, way.to, -1)
+				assert.Empty(t, rest, "after the end")
+				assert.Empty(t, more, "after the end")
 				if tc.inline {
 					assert.Equal(t, "before!after", string(stream))
 					assert.Empty(t, urgent)
