@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // TestEndSeenBeforeTheLastBytes: a direction left to user space reads
@@ -59,4 +60,45 @@ func TestEndSeenBeforeTheLastBytes(t *testing.T) {
 		}
 		pr.Remove()
 	}
+}
+
+// TestSpliceRefusesWaitingUrgentData: a socket whose TCP urgent data
+// (MSG_OOB) waits unread does not join the kernel path: the kernel
+// counts its receive queue only up to the urgent mark, so what the
+// caller had read would be overcounted, and an end seen early believed
+// (the last 32 KiB of a stream cut off). The sockets stay as they were,
+// every byte still to be read.
+func TestSpliceRefusesWaitingUrgentData(t *testing.T) {
+	p := newPath(t)
+	client, a, b, _ := pairUp(t)
+	_, err := client.Write([]byte("x"))
+	require.NoError(t, err)
+	rc, err := client.SyscallConn()
+	require.NoError(t, err)
+	var serr error
+	require.NoError(t, rc.Control(func(fd uintptr) { serr = unix.Sendto(int(fd), []byte("!"), unix.MSG_OOB, nil) }))
+	require.NoError(t, serr)
+	_, err = client.Write(make([]byte, 1000))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		withFD(a, func(fd int) error { n, _ = unix.IoctlGetInt(fd, unix.SIOCINQ); return nil })
+		return n > 0
+	}, 5*time.Second, time.Millisecond)
+
+	_, err = p.Splice(a, b)
+	assert.ErrorIs(t, err, ErrUrgentData)
+	require.NoError(t, client.CloseWrite())
+	a.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(a) // the urgent byte out of band, as without SO_OOBINLINE
+	require.NoError(t, err)
+	assert.Equal(t, 1+1000, len(got))
+
+	// Its slots are free again: a pair without urgent data still joins.
+	client2, a2, b2, _ := pairUp(t)
+	_, err = client2.Write([]byte("plain"))
+	require.NoError(t, err)
+	pr, err := p.Splice(a2, b2)
+	require.NoError(t, err)
+	pr.Remove()
 }

@@ -184,7 +184,10 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 			pr.Remove()
 			return nil, fmt.Errorf("fastpath: send queue: %w", err)
 		}
-		if pr.taken[i], err = taken(c); err != nil {
+		if pr.taken[i], err = taken(c); errors.Is(err, ErrUrgentData) {
+			pr.Remove()
+			return nil, err
+		} else if err != nil {
 			pr.Remove()
 			return nil, fmt.Errorf("fastpath: receive queue: %w", err)
 		}

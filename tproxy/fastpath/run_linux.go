@@ -328,6 +328,12 @@ func (pr *Pair) moved(i int) int64 {
 	return pr.redirected()[i]
 }
 
+// ErrUrgentData refuses a socket whose TCP urgent data (MSG_OOB) waits
+// to be read: its receive queue cannot be measured (the kernel counts it
+// only up to the urgent mark), and the kernel path would pass the urgent
+// byte on as an ordinary one.
+var ErrUrgentData = errors.New("fastpath: urgent data waits to be read")
+
 // taken is how many bytes the reader of c has taken so far: all it
 // received, less what waits in its receive queue, read until the two
 // agree (bytes may arrive between the reads).
@@ -342,6 +348,10 @@ func taken(c *net.TCPConn) (int64, error) {
 			inq, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
 			if err != nil {
 				return err
+			}
+			var urgent [1]byte
+			if _, _, err := unix.Recvfrom(fd, urgent[:], unix.MSG_OOB|unix.MSG_PEEK|unix.MSG_DONTWAIT); err != unix.EINVAL {
+				return ErrUrgentData // the urgent byte is there (no error), or on its way (EAGAIN)
 			}
 			after, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 			if err != nil {
