@@ -307,6 +307,23 @@ func readInto(c net.Conn, buf []byte) <-chan readResult {
 	return ch
 }
 
+// firstBytesWait is how long a session waits in its own goroutine for a
+// client that will speak a moment from now, before it waits on both
+// sides in goroutines of their own.
+const firstBytesWait = 2 * time.Millisecond
+
+// readWithin reads what c sends within d into the free capacity of buf;
+// nothing sent by then is no error.
+func readWithin(c net.Conn, buf []byte, d time.Duration) ([]byte, error) {
+	c.SetReadDeadline(time.Now().Add(d))
+	n, err := c.Read(buf[len(buf):cap(buf)])
+	c.SetReadDeadline(time.Time{})
+	if isTimeout(err) {
+		err = nil
+	}
+	return buf[:len(buf)+n], err
+}
+
 // stopRead ends a pending readInto on c and returns what it read.
 func stopRead(c net.Conn, ch <-chan readResult) readResult {
 	c.SetReadDeadline(time.Unix(1, 0))
@@ -467,6 +484,12 @@ func (s *session) run(buffered []byte) {
 		// without waiting first, and dial and wait in goroutines only if
 		// not.
 		buf, clientErr = readNow(s.client, buf)
+	}
+	if sniff(buf) == protoUnknown && clientErr == nil && sp.early {
+		// A CONNECT client speaks once the 200 reaches it, a moment
+		// from now: waited for here, its first bytes cost no reader
+		// goroutines (a server that speaks first waits that moment).
+		buf, clientErr = readWithin(s.client, buf, firstBytesWait)
 	}
 	if sniff(buf) == protoUnknown && clientErr == nil {
 		if d := s.pol.DecidePort(s.dst.Port()); !sp.ok && !d.Allowed {

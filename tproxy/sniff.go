@@ -2,7 +2,6 @@ package tproxy
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -97,20 +96,20 @@ func helloComplete(b []byte) (bool, error) {
 }
 
 // parseHello parses a complete ClientHello with crypto/tls: a server
-// handshake over the bytes, stopped as soon as the hello is read.
+// handshake over the bytes, stopped as soon as the hello is read. It
+// cannot block (its reads are of b, its writes discarded), so it needs
+// no context: one that can be cancelled costs crypto/tls a goroutine.
 func parseHello(b []byte) (helloInfo, error) {
 	var info helloInfo
 	var hasECH bool
 	errStop := errors.New("stop")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
 	err := tls.Server(&replayConn{r: bytes.NewReader(b)}, &tls.Config{
 		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
 			info = helloInfo{serverName: h.ServerName, alpn: slices.Clone(h.SupportedProtos)}
 			hasECH = slices.Contains(h.Extensions, extensionECH)
 			return nil, errStop
 		},
-	}).HandshakeContext(ctx)
+	}).Handshake()
 	switch {
 	case hasECH:
 		return helloInfo{}, ErrECH
