@@ -479,17 +479,18 @@ func (s *session) run(buffered []byte) {
 	buf := make([]byte, len(buffered), max(4096, len(buffered)))
 	copy(buf, buffered)
 	var clientErr error
-	if sniff(buf) == protoUnknown {
-		// Most clients have spoken by the time they are accepted: read
-		// without waiting first, and dial and wait in goroutines only if
-		// not.
-		buf, clientErr = readNow(s.client, buf)
-	}
-	if sniff(buf) == protoUnknown && clientErr == nil && sp.early {
+	switch {
+	case sniff(buf) != protoUnknown:
+	case sp.early:
 		// A CONNECT client speaks once the 200 reaches it, a moment
 		// from now: waited for here, its first bytes cost no reader
 		// goroutines (a server that speaks first waits that moment).
 		buf, clientErr = readWithin(s.client, buf, firstBytesWait)
+	default:
+		// Most clients have spoken by the time they are accepted: read
+		// without waiting first, and dial and wait in goroutines only if
+		// not.
+		buf, clientErr = readNow(s.client, buf)
 	}
 	if sniff(buf) == protoUnknown && clientErr == nil {
 		if d := s.pol.DecidePort(s.dst.Port()); !sp.ok && !d.Allowed {
