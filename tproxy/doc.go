@@ -28,7 +28,14 @@
 // chooses, per connection, and only when nothing more is to be done with
 // its bytes (both ends TCP, no byte-rate quota), so every connection
 // takes the same decisions, ends (idle, Rejudge, Forget, Shutdown) and
-// record; the record's Relay says which path moved it. Server-first protocols work: while the
+// record; the record's Relay says which path moved it. A handover waits
+// until both directions have passed on what they hold at the same moment
+// (each keeps moving what arrives meanwhile, so a peer that reads only
+// once its writes go through never stalls); a sender that keeps its
+// queue full stays on the relay. TCP urgent data (MSG_OOB) is passed on
+// as urgent data at its place in the stream (splice stops at the urgent
+// mark), and a connection that carried it stays on the relay, since the
+// kernel path would pass it inline. Server-first protocols work: while the
 // client is silent the proxy has already dialled the name the agent
 // resolved, and the server's greeting flows. TLS for hosts an Interceptor
 // claims (mitm) is handed over with the bytes already read.

@@ -30,6 +30,15 @@
 // Reading tcp_sock needs a GPL-compatible program: the verdict is
 // offered under BSD or GPL (programLicense).
 //
+// An end of stream read from a socket in the sockmap is believed only
+// once the pair has moved every byte the socket received (TCP_INFO's
+// count, against what the caller had read before the splice): recvmsg
+// reads the end while bytes the verdict left to user space may still
+// wait in the kernel's backlog (TestEndSeenBeforeTheLastBytes). A socket
+// whose urgent data (MSG_OOB) waits unread is refused (ErrUrgentData);
+// urgent data that comes later is passed on inline, as an ordinary byte:
+// a stream verdict sees no TCP flags.
+//
 // It is Linux only, needs CAP_BPF and CAP_NET_ADMIN (or root) and the
 // kernel's BTF, and is optional: New fails with a reason without them,
 // and the caller keeps its user-space relay.
