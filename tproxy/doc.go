@@ -43,7 +43,11 @@
 // ServeExplicit serves the same decisions to clients that honour
 // HTTPS_PROXY: CONNECT tunnels (whose contents are judged again, like a
 // transparent connection) and absolute-form plain HTTP. A CONNECT is
-// answered 200 only with its upstream connection in hand.
+// answered 200 only with its upstream connection in hand. A connection's
+// first request, if it is a CONNECT, is read and answered by the proxy
+// itself (http.ReadRequest, and the checks net/http's server adds); every
+// other connection, and every later request, is served by net/http. Both
+// reach the same serveConnect and the same per-source bounds.
 //
 // What is allowed is decided in one place per kind of traffic, always by
 // the agent's policy of the moment: a connection by its name (decide),

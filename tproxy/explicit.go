@@ -52,6 +52,12 @@ type Credentials struct {
 // first second), beyond MaxConnsPerAgent (2,000) open, or beyond
 // MaxExplicitConnsPerSource (1,024) connections from one address. A load
 // test sets its policy's quota to -1 and raises those bounds.
+//
+// A CONNECT that opens a connection is read and answered by the proxy
+// itself (serveConnectFirst): its tunnel never pays for an HTTP server's
+// machinery. Any other connection (another first request, a TLS
+// listener's) is served by net/http, a CONNECT among its requests by the
+// same serveConnect.
 func (p *Proxy) ServeExplicit(ln net.Listener) error {
 	p.init()
 	p.httpOnce.Do(p.startHTTP)
@@ -60,6 +66,7 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 		return context.WithValue(ctx, factsKey{}, connFacts{src: addrPortOf(c.RemoteAddr()), explicit: true})
 	})
 	srv.ConnState = p.boundExplicitConns
+	handed := newConnQueue()
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -67,47 +74,110 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 		return ErrServerClosed
 	}
 	p.explicitSrvs = append(p.explicitSrvs, srv)
+	p.listeners[ln] = struct{}{} // Shutdown closes it
 	p.mu.Unlock()
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	defer p.untrack(ln)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(handed) }()
+	err := p.acceptExplicit(ln, handed)
+	handed.close()
+	<-served
+	if err != nil && !p.isClosed() {
 		return err
 	}
 	return ErrServerClosed
 }
 
-// boundExplicitConns bounds the connections to each explicit-proxy
-// listener that each source address holds open (idle, or with a request
-// head coming): a connection beyond MaxExplicitConnsPerSource, or beyond
-// MaxConns on that listener, is closed at once. Each listener has its own
-// bounds, so that strangers filling one (a listener for remote agents)
-// leave the others alone. A hijacked connection (a tunnel) is counted
-// from then on as one of its agent's connections instead.
+// acceptExplicit accepts the explicit proxy's connections until ln
+// fails: each is bounded by its source (acquireExplicit), then read for
+// a first CONNECT, or handed to net/http.
+func (p *Proxy) acceptExplicit(ln net.Listener, handed *connQueue) error {
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if p.isClosed() {
+				return nil
+			}
+			if temporaryAcceptError(err) {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				p.logger().Warn("explicit proxy: accept failed; retrying", "err", err, "delay", delay)
+				time.Sleep(delay) // back off on EMFILE and friends
+				continue
+			}
+			return err
+		}
+		delay = 0
+		if _, plain := c.(*net.TCPConn); !plain {
+			if !handed.push(c) { // net/http bounds it, and shakes a TLS client's hands
+				c.Close()
+			}
+			continue
+		}
+		if !p.acquireExplicit(c) {
+			continue
+		}
+		go p.serveConnectFirst(c, handed)
+	}
+}
+
+// boundExplicitConns bounds the connections net/http serves
+// (acquireExplicit), and ends a connection's count when it closes or is
+// hijacked.
 func (p *Proxy) boundExplicitConns(c net.Conn, state http.ConnState) {
 	switch state {
 	case http.StateNew:
-		src := addrPortOf(c.RemoteAddr()).Addr().String()
-		listener := addrPortOf(c.LocalAddr())
-		v, ok := p.explicitConns.Load(listener)
-		if !ok {
-			v, _ = p.explicitConns.LoadOrStore(listener, new(budget.Counter))
+		if _, counted := p.explicitCounted.Load(c); !counted { // else counted when accepted
+			p.acquireExplicit(c)
 		}
-		open := v.(*budget.Counter)
-		if !open.Acquire(src, orDefault(p.MaxExplicitConnsPerSource, DefaultMaxExplicitConnsPerSource), orDefault(p.MaxConns, DefaultMaxConns)) {
-			p.logger().Debug("explicit proxy: too many connections from one source", "src", src)
-			reset(c)
-			return
-		}
-		p.explicitCounted.Store(c, open)
 	case http.StateHijacked, http.StateClosed:
-		if counted, ok := p.explicitCounted.LoadAndDelete(c); ok {
-			counted.(*budget.Counter).Release(addrPortOf(c.RemoteAddr()).Addr().String())
-		}
+		p.releaseExplicit(c)
+	}
+}
+
+// acquireExplicit bounds the connections to each explicit-proxy listener
+// that each source address holds open (idle, or with a request head
+// coming): a connection beyond MaxExplicitConnsPerSource, or beyond
+// MaxConns on that listener, is closed at once. Each listener has its own
+// bounds, so that strangers filling one (a listener for remote agents)
+// leave the others alone. A tunnel is counted from its 200 on as one of
+// its agent's connections instead (releaseExplicit).
+func (p *Proxy) acquireExplicit(c net.Conn) bool {
+	src := addrPortOf(c.RemoteAddr()).Addr().String()
+	listener := addrPortOf(c.LocalAddr())
+	v, ok := p.explicitConns.Load(listener)
+	if !ok {
+		v, _ = p.explicitConns.LoadOrStore(listener, new(budget.Counter))
+	}
+	open := v.(*budget.Counter)
+	if !open.Acquire(src, orDefault(p.MaxExplicitConnsPerSource, DefaultMaxExplicitConnsPerSource), orDefault(p.MaxConns, DefaultMaxConns)) {
+		p.logger().Debug("explicit proxy: too many connections from one source", "src", src)
+		reset(c)
+		return false
+	}
+	p.explicitCounted.Store(c, open)
+	return true
+}
+
+// releaseExplicit ends c's count, once.
+func (p *Proxy) releaseExplicit(c net.Conn) {
+	if counted, ok := p.explicitCounted.LoadAndDelete(c); ok {
+		counted.(*budget.Counter).Release(addrPortOf(c.RemoteAddr()).Addr().String())
+	}
+}
+
+// moveCount moves c's count to next, the connection that stands for it
+// from now on.
+func (p *Proxy) moveCount(c, next net.Conn) {
+	if counted, ok := p.explicitCounted.LoadAndDelete(c); ok {
+		p.explicitCounted.Store(next, counted)
 	}
 }
 
 func (p *Proxy) serveExplicit(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodConnect:
-		p.serveConnect(w, r)
+		p.serveConnect(httpReply{w}, r)
 	case r.URL.IsAbs():
 		p.serveHTTP(w, r)
 	default:
@@ -203,7 +273,7 @@ func proxyAuthorization(v string) (user, token string, ok bool) {
 // Proxy-Status field). The tunnel then runs as a session: inside a tunnel
 // to a name, a TLS server name or HTTP Host must be that name; inside a
 // tunnel to an address, they are judged as on a transparent connection.
-func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
+func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 	start := time.Now()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindConnect, Host: r.Host, Target: r.Host}
@@ -214,7 +284,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		if !a.unrecorded {
 			p.record(rec)
 		}
-		a.write(w)
+		w.refuse(a)
 	}
 	host, portText, err := net.SplitHostPort(r.Host)
 	port, perr := strconv.ParseUint(portText, 10, 16)
@@ -302,7 +372,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer p.sessionsWG.Done()
-	conn, brw, err := http.NewResponseController(w).Hijack()
+	conn, br, err := w.hijack()
 	if err != nil {
 		if up != nil {
 			up.Close()
@@ -321,7 +391,7 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	}
 	tracked, untrack := p.trackAgentConn(agent, conn)
 	defer untrack()
-	buffered, _ := brw.Reader.Peek(brw.Reader.Buffered())
+	buffered, _ := br.Peek(br.Buffered())
 	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
 	defer cancel()
 	s.ctx, s.client, s.tracked = ctx, conn, tracked

@@ -160,6 +160,7 @@ type Proxy struct {
 	sessionsWG    sync.WaitGroup
 	mu            sync.Mutex
 	listeners     map[net.Listener]struct{}
+	pending       map[net.Conn]struct{} // explicit connections whose first request is being read
 	closed        bool
 	closedCh      chan struct{}
 	sweeperActive bool
@@ -168,6 +169,7 @@ type Proxy struct {
 func (p *Proxy) init() {
 	p.initOnce.Do(func() {
 		p.listeners = map[net.Listener]struct{}{}
+		p.pending = map[net.Conn]struct{}{}
 		p.closedCh = make(chan struct{})
 		p.baseCtx, p.cancelAll = context.WithCancel(context.Background())
 		p.relays.m = map[*relay]struct{}{}
@@ -317,6 +319,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.closed = true
 	for ln := range p.listeners {
 		ln.Close()
+	}
+	for c := range p.pending {
+		c.Close() // a first request not yet read, or its CONNECT not yet answered
 	}
 	explicit := p.explicitSrvs
 	p.mu.Unlock()

@@ -1,0 +1,131 @@
+package tproxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
+)
+
+// dialExplicit opens a raw connection to w's explicit proxy.
+func (w *world) dialExplicit() net.Conn {
+	w.t.Helper()
+	c, err := net.Dial("tcp", w.explicit.Addr().String())
+	require.NoError(w.t, err)
+	w.t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
+// TestFirstRequestHeads: the proxy reads a connection's first request
+// head itself, and must hold it to what net/http would: a head whose
+// method is not CONNECT goes to net/http whole (bytes read to tell
+// replayed), and a later CONNECT on that connection is served there; a
+// CONNECT head too large, malformed, with two Hosts or an invalid header
+// is refused and its connection closed; one that does not come whole
+// within the hello timeout (dripped a byte at a time) is closed.
+func TestFirstRequestHeads(t *testing.T) {
+	w := newWorld(t, []string{"svc.test:*", "api.test:*"}, func(p *Proxy) { p.HelloTimeout = 500 * time.Millisecond })
+	tunnelTo := fmt.Sprintf("svc.test:%d", w.bannerAddr.Port())
+
+	t.Run("another method first, then a CONNECT", func(t *testing.T) {
+		c := w.dialExplicit()
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, "GET http://api.test:%d/ HTTP/1.1\r\nHost: api.test:%d\r\n\r\n", w.httpAddr.Port(), w.httpAddr.Port())
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+		assert.Contains(t, string(body), "api.test")
+
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", tunnelTo, tunnelTo)
+		resp, err = http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		assert.Equal(t, "SSH-2.0-test_banner\r\n", line)
+		c.Close()
+		require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 0 }, 5*time.Second, 10*time.Millisecond)
+	})
+
+	for _, tc := range []struct {
+		name, head string
+		status     int
+	}{
+		{"too large", "CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\nX-Pad: " + strings.Repeat("a", 80<<10) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+		{"malformed", "CONNECT " + tunnelTo + " HTTP/1.1\r\nno colon here\r\n\r\n", http.StatusBadRequest},
+		{"two Hosts", "CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\nHost: other.test:1\r\n\r\n", http.StatusBadRequest},
+		{"an invalid header value", "CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\nX-Bad: a\x01b\r\n\r\n", http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := w.dialExplicit()
+			go io.WriteString(c, tc.head) // it may be refused before it is all written
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+			require.NoError(t, err)
+			assert.Equal(t, tc.status, resp.StatusCode)
+			assert.True(t, resp.Close, "the connection stays open")
+			assert.NotEmpty(t, resp.Header.Get("Proxy-Status"))
+			// Closed (a reset, for a head still being written): not
+			// kept open until the deadline.
+			_, err = io.ReadAll(br)
+			assert.False(t, isTimeout(err), "the connection stays open")
+		})
+	}
+
+	t.Run("dripped past the hello timeout", func(t *testing.T) {
+		c := w.dialExplicit()
+		start := time.Now()
+		go func() {
+			for _, b := range []byte("CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\n\r\n") {
+				if _, err := c.Write([]byte{b}); err != nil {
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+		_, err := io.ReadAll(c)
+		assert.NoError(t, err, "closed, not reset")
+		assert.Less(t, time.Since(start), 5*time.Second, "held past the hello timeout")
+		open := w.log.OpenConns("a1")
+		assert.Empty(t, open, "a tunnel opened")
+	})
+}
+
+// TestShutdownClosesFirstRequests: Shutdown closes a connection whose
+// first request head is still coming, and returns; its source's count
+// is released.
+func TestShutdownClosesFirstRequests(t *testing.T) {
+	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.MaxExplicitConnsPerSource = 1 })
+	c := w.dialExplicit()
+	_, err := io.WriteString(c, "CONNECT svc.test:1 HTTP/1.1\r\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		w.proxy.mu.Lock()
+		defer w.proxy.mu.Unlock()
+		return len(w.proxy.pending) == 1
+	}, 5*time.Second, time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.proxy.Shutdown(ctx))
+	_, err = io.ReadAll(c)
+	assert.False(t, isTimeout(err), "not closed") // a reset, if its bytes were not read yet
+	assert.Eventually(t, func() bool {
+		n := 0
+		w.proxy.explicitCounted.Range(func(any, any) bool { n++; return true })
+		return n == 0
+	}, 5*time.Second, time.Millisecond, "counts left behind")
+	assert.Empty(t, w.log.List(egresslog.Filter{}, 10), "a request that never came was recorded")
+}
