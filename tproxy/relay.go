@@ -35,8 +35,12 @@ type relay struct {
 }
 
 func newRelay(client net.Conn, up *net.TCPConn) *relay {
-	_, clientTCP := client.(*net.TCPConn)
-	r := &relay{client: client, up: up, spliced: clientTCP && canSplice}
+	clientTCP, ok := client.(*net.TCPConn)
+	if ok {
+		urgentInline(clientTCP)
+	}
+	urgentInline(up)
+	r := &relay{client: client, up: up, spliced: ok && canSplice}
 	r.lastActive.Store(time.Now().UnixNano())
 	return r
 }
@@ -463,7 +467,7 @@ func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err err
 	if !stopping {
 		n, err = r.copy(d.dst, d.src, d.pace, limit)
 		switch {
-		case err == nil && n == limit:
+		case err == nil && n >= limit: // past it by an urgent byte and the one after
 			if stopping = h.ask(i); !stopping {
 				var m int64
 				m, err = r.copy(d.dst, d.src, d.pace, noLimit)

@@ -256,24 +256,42 @@ type urgentBytes struct {
 	ended bool
 }
 
+// urgentInline has c's urgent data (MSG_OOB) read in its place in the
+// stream (SO_OOBINLINE), where the relay finds it (takeUrgent). Out of
+// band, a lone urgent byte never made the socket readable (the kernel
+// waits for the byte after it), and a read skipped it.
+func urgentInline(c *net.TCPConn) {
+	if rc, err := c.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) })
+	}
+}
+
 // takeUrgent is called on the socket fd when splice has moved nothing
 // (spliceErr nil or EAGAIN). splice never reads past TCP's urgent mark
 // (MSG_OOB: telnet's interrupt, FTP's abort, a database client's
 // break): at the mark it says EAGAIN, or 0 if the stream's end has come
 // too, so a relay would stall there, or take the mark for the end. So at
-// a mark whose byte has come, takeUrgent reads the urgent byte out of
-// band, and one read of the stream steps over its place (after which
-// splice goes on), taking the byte after it if there is one. Elsewhere
-// it returns spliceErr as it was.
+// a mark whose byte has come, takeUrgent reads the urgent byte: inline
+// (urgentInline), a read of one byte, after which splice goes on; out of
+// band, otherwise, and one read of the stream steps over its place,
+// taking the byte after it if there is one. Elsewhere it returns
+// spliceErr as it was.
 func takeUrgent(fd int, spliceErr error) (urgentBytes, error) {
 	var u urgentBytes
 	if at, err := unix.IoctlGetInt(fd, unix.SIOCATMARK); err != nil || at == 0 {
 		return u, spliceErr
 	}
-	if n, _, err := unix.Recvfrom(fd, u.b[:1], unix.MSG_OOB|unix.MSG_DONTWAIT); err != nil || n == 0 {
+	flags := unix.MSG_DONTWAIT
+	if inline, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE); err != nil || inline == 0 {
+		flags |= unix.MSG_OOB
+	}
+	if n, _, err := unix.Recvfrom(fd, u.b[:1], flags); err != nil || n == 0 {
 		return u, spliceErr // the byte has not come yet (EAGAIN), or never will: as splice said
 	}
 	u.n = 1
+	if flags&unix.MSG_OOB == 0 {
+		return u, nil
+	}
 	n, _, err := unix.Recvfrom(fd, u.b[1:], unix.MSG_DONTWAIT)
 	switch {
 	case err == nil && n == 0:

@@ -23,6 +23,9 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (int64, stop, bool, error)
 	return 0, running, false, errors.ErrUnsupported
 }
 
+// urgentInline does nothing: urgent data is read as the system reads it.
+func urgentInline(c *net.TCPConn) {}
+
 // awaitBytes is never called: a handover needs both ends spliced.
 func awaitBytes(src net.Conn) error { return errors.ErrUnsupported }
 

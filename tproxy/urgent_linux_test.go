@@ -3,6 +3,7 @@
 package tproxy
 
 import (
+	"bytes"
 	"errors"
 	"log/slog"
 	"net"
@@ -120,18 +121,7 @@ func TestUrgentDataPassesThrough(t *testing.T) {
 				send(app, false)
 				require.Eventually(t, func() bool { return unreadBytes(client) >= len("before") }, 5*time.Second, time.Millisecond)
 			}
-			r := newRelay(client, up)
-			type result struct {
-				up, down int64
-				how      string
-				err      error
-			}
-			done := make(chan result, 1)
-			go func() {
-				var res result
-				res.up, res.down, res.how, res.err = r.run(kp, -1, func() *slog.Logger { return slog.New(slog.DiscardHandler) })
-				done <- res
-			}()
+			done := runRelay(newRelay(client, up), kp, -1)
 			if tc.relayedAfter == egresslog.RelayKernel {
 				awaitMoved(t, moved)
 			}
@@ -172,5 +162,109 @@ func TestUrgentDataPassesThrough(t *testing.T) {
 				require.Fail(t, "the relay did not end")
 			}
 		})
+	}
+}
+
+// urgentWithin polls c for an urgent byte for up to d, reading nothing
+// else: a receiver without SO_OOBINLINE is never woken for a lone urgent
+// byte (the kernel waits for the byte after it), so it asks.
+func urgentWithin(t *testing.T, c *net.TCPConn, d time.Duration) (byte, bool) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	require.NoError(t, err)
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		var b [1]byte
+		var got bool
+		rc.Control(func(fd uintptr) {
+			n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_OOB|unix.MSG_DONTWAIT)
+			got = err == nil && n == 1
+		})
+		if got {
+			return b[0], true
+		}
+	}
+	return 0, false
+}
+
+// runRelay runs r with kp, handing over after bytes, and returns where
+// its result arrives.
+func runRelay(r *relay, kp KernelPath, after int) <-chan relayResult {
+	done := make(chan relayResult, 1)
+	go func() {
+		var res relayResult
+		res.up, res.down, res.how, res.err = r.run(kp, after, func() *slog.Logger { return slog.New(slog.DiscardHandler) })
+		done <- res
+	}()
+	return done
+}
+
+// relayResult is what relay.run returned.
+type relayResult struct {
+	up, down int64
+	how      string
+	err      error
+}
+
+// TestLoneUrgentByte: an urgent byte with nothing after it (telnet's
+// Synch: the data mark sent urgent, then the client waits for an answer)
+// reaches the other side, each way. Read out of band, it never made the
+// relay's socket readable, and waited for whatever the sender sent next.
+func TestLoneUrgentByte(t *testing.T) {
+	for _, down := range []bool{false, true} {
+		t.Run(map[bool]string{false: "up", true: "down"}[down], func(t *testing.T) {
+			app, client := tcpPair(t, 256<<10)
+			up, server := tcpPair(t, 256<<10)
+			done := runRelay(newRelay(client, up), nil, 0)
+			from, to := app, server
+			if down {
+				from, to = server, app
+			}
+			_, err := from.Write([]byte("hello"))
+			require.NoError(t, err)
+			got, _ := readWithUrgent(t, to, len("hello"))
+			require.Equal(t, "hello", string(got))
+			sendUrgent(t, from, '!')
+			b, ok := urgentWithin(t, to, 5*time.Second)
+			assert.True(t, ok, "the urgent byte did not come")
+			assert.Equal(t, byte('!'), b)
+			app.Close()
+			server.Close()
+			<-done
+		})
+	}
+}
+
+// TestUrgentAtTheHandoverMark: an urgent byte just before the bytes after
+// which the kernel path would take the connection: the relay moves one
+// byte past that mark (the urgent byte and the one after it), and took
+// that for the stream's end, passing on a half-close; what came after was
+// never relayed.
+func TestUrgentAtTheHandoverMark(t *testing.T) {
+	kp := kernelPath(t)
+	const after = 64 << 10
+	app, client := tcpPair(t, 1<<20)
+	up, server := tcpPair(t, 1<<20)
+	_, err := app.Write(bytes.Repeat([]byte("x"), after-1))
+	require.NoError(t, err)
+	sendUrgent(t, app, '!')
+	_, err = app.Write([]byte("after"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return unreadBytes(client) >= after-1 }, 5*time.Second, time.Millisecond)
+	done := runRelay(newRelay(client, up), kp, after)
+	got, urgent := readWithUrgent(t, server, after-1+len("after"))
+	assert.Equal(t, map[int]byte{after - 1: '!'}, urgent)
+	assert.Equal(t, "after", string(got[after-1:]))
+	_, err = app.Write([]byte("more"))
+	require.NoError(t, err)
+	require.NoError(t, app.CloseWrite())
+	rest, _ := readWithUrgent(t, server, -1)
+	assert.Equal(t, "more", string(rest), "bytes after the mark")
+	require.NoError(t, server.CloseWrite())
+	select {
+	case res := <-done:
+		assert.NoError(t, res.err)
+		assert.EqualValues(t, after-1+len("!after")+len("more"), res.up)
+	case <-time.After(10 * time.Second):
+		require.Fail(t, "the relay did not end")
 	}
 }
