@@ -467,7 +467,7 @@ func (r *relay) move(d direction, i int, h *handover) (n int64, at stop, err err
 	if !stopping {
 		n, err = r.copy(d.dst, d.src, d.pace, limit)
 		switch {
-		case err == nil && n >= limit: // past it by an urgent byte and the one after
+		case err == nil && n >= limit:
 			if stopping = h.ask(i); !stopping {
 				var m int64
 				m, err = r.copy(d.dst, d.src, d.pace, noLimit)

@@ -96,7 +96,7 @@ func (p *pipe) close() {
 // spliceCopy moves bytes from src to dst with splice(2) until src's end of
 // stream or limit bytes, returning the count. A pipe is taken from the pool when src has
 // bytes and returned, empty, before waiting for more. Each pipe's worth is
-// held to pace. Urgent data is passed on as urgent data (see urgent).
+// held to pace. Urgent data is passed on as urgent data (takeUrgent).
 func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int64, error) {
 	srcRaw, err := src.SyscallConn()
 	if err != nil {
@@ -111,7 +111,8 @@ func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int
 		var p *pipe
 		var inPipe int
 		var spliceErr error
-		var urg urgentBytes
+		var urgent byte
+		var atMark bool
 		// Fill a pipe from src; wait, holding no pipe, while src is empty.
 		err := srcRaw.Read(func(fd uintptr) bool {
 			if p == nil {
@@ -121,7 +122,7 @@ func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int
 			}
 			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(int64(pace.chunk(pipeSize)), limit-total)))
 			if inPipe <= 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
-				if urg, spliceErr = takeUrgent(int(fd), spliceErr); urg.n > 0 {
+				if urgent, atMark, spliceErr = takeUrgent(int(fd), spliceErr); atMark {
 					return true
 				}
 			}
@@ -135,13 +136,12 @@ func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int
 		if err == nil {
 			err = spliceErr
 		}
-		if err == nil && urg.n > 0 {
+		if err == nil && atMark {
 			putPipe(p)
-			n, err := r.passUrgent(dstRaw, urg)
-			total += int64(n)
-			if err != nil || urg.ended {
+			if err := r.passUrgent(dstRaw, urgent); err != nil {
 				return total, err
 			}
+			total++
 			continue
 		}
 		if err != nil || inPipe == 0 {
@@ -205,24 +205,24 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended b
 	for n < limit {
 		var inPipe int
 		var spliceErr error
-		var urg urgentBytes
+		var urgent byte
+		var atMark bool
 		// Control, not Read: the handover's deadline has passed.
 		if err := srcRaw.Control(func(fd uintptr) {
 			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(pipeSize, limit-n)))
 			if inPipe <= 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
-				urg, spliceErr = takeUrgent(int(fd), spliceErr)
+				urgent, atMark, spliceErr = takeUrgent(int(fd), spliceErr)
 			}
 		}); err != nil {
 			putPipe(p)
 			return n, running, false, err
 		}
-		if spliceErr == nil && urg.n > 0 {
-			m, err := r.passUrgent(dstRaw, urg)
-			n += int64(m)
-			if err != nil || urg.ended {
+		if spliceErr == nil && atMark {
+			if err := r.passUrgent(dstRaw, urgent); err != nil {
 				putPipe(p)
-				return n, running, urg.ended, err
+				return n, running, false, err
 			}
+			n++
 			continue
 		}
 		switch {
@@ -247,15 +247,6 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended b
 	return n, full, false, nil
 }
 
-// urgentBytes are what takeUrgent read at an urgent mark: the urgent
-// byte, and the byte after it if one had arrived (n of them), and
-// whether src's stream ended there.
-type urgentBytes struct {
-	b     [2]byte
-	n     int
-	ended bool
-}
-
 // urgentInline has c's urgent data (MSG_OOB) read in its place in the
 // stream (SO_OOBINLINE), where the relay finds it (takeUrgent). Out of
 // band, a lone urgent byte never made the socket readable (the kernel
@@ -271,62 +262,35 @@ func urgentInline(c *net.TCPConn) {
 // (MSG_OOB: telnet's interrupt, FTP's abort, a database client's
 // break): at the mark it says EAGAIN, or 0 if the stream's end has come
 // too, so a relay would stall there, or take the mark for the end. So at
-// a mark whose byte has come, takeUrgent reads the urgent byte: inline
-// (urgentInline), a read of one byte, after which splice goes on; out of
-// band, otherwise, and one read of the stream steps over its place,
-// taking the byte after it if there is one. Elsewhere it returns
-// spliceErr as it was.
-func takeUrgent(fd int, spliceErr error) (urgentBytes, error) {
-	var u urgentBytes
+// a mark whose byte has come, takeUrgent reads that byte, inline
+// (urgentInline, made sure of here: a byte that came before is read
+// inline all the same), after which splice goes on. Elsewhere, and
+// while the byte has not come, it returns spliceErr as it was.
+func takeUrgent(fd int, spliceErr error) (b byte, ok bool, err error) {
 	if at, err := unix.IoctlGetInt(fd, unix.SIOCATMARK); err != nil || at == 0 {
-		return u, spliceErr
+		return 0, false, spliceErr
 	}
-	flags := unix.MSG_DONTWAIT
-	if inline, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE); err != nil || inline == 0 {
-		flags |= unix.MSG_OOB
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1); err != nil {
+		return 0, false, err
 	}
-	if n, _, err := unix.Recvfrom(fd, u.b[:1], flags); err != nil || n == 0 {
-		return u, spliceErr // the byte has not come yet (EAGAIN), or never will: as splice said
+	var buf [1]byte
+	if n, _, err := unix.Recvfrom(fd, buf[:], unix.MSG_DONTWAIT); err != nil || n == 0 {
+		return 0, false, spliceErr // the byte has not come yet (EAGAIN), or never will: as splice said
 	}
-	u.n = 1
-	if flags&unix.MSG_OOB == 0 {
-		return u, nil
-	}
-	n, _, err := unix.Recvfrom(fd, u.b[1:], unix.MSG_DONTWAIT)
-	switch {
-	case err == nil && n == 0:
-		u.ended = true
-	case err == nil:
-		u.n += n
-	case err != unix.EAGAIN:
-		return u, err
-	}
-	return u, nil
+	return buf[0], true, nil
 }
 
-// passUrgent sends what takeUrgent read on dst: the urgent byte as
-// urgent data, at the same place in the stream, then the byte after it,
-// if any. The connection stays on the user-space relay from then on: the
+// passUrgent sends b on dst as urgent data, at the same place in the
+// stream. The connection stays on the user-space relay from then on: the
 // kernel path would pass urgent data on as ordinary bytes.
-func (r *relay) passUrgent(dst syscall.RawConn, u urgentBytes) (int, error) {
+func (r *relay) passUrgent(dst syscall.RawConn, b byte) error {
 	r.urgent.Store(true)
 	var sendErr error
-	moved := 0
-	for moved < u.n {
-		flags := 0
-		if moved == 0 {
-			flags = unix.MSG_OOB
-		}
-		err := dst.Write(func(fd uintptr) bool {
-			sendErr = unix.Sendto(int(fd), u.b[moved:moved+1], flags|unix.MSG_DONTWAIT, nil)
-			return sendErr != unix.EAGAIN
-		})
-		if err = errors.Join(err, sendErr); err != nil {
-			return moved, err
-		}
-		moved++
-	}
-	return moved, nil
+	err := dst.Write(func(fd uintptr) bool {
+		sendErr = unix.Sendto(int(fd), []byte{b}, unix.MSG_OOB|unix.MSG_DONTWAIT, nil)
+		return sendErr != unix.EAGAIN
+	})
+	return errors.Join(err, sendErr)
 }
 
 // awaitBytes waits until src has bytes to read, or its end of stream or
