@@ -26,7 +26,11 @@
 // The same holds for all pairs together (DefaultMaxQueuedTotal, 256 MiB,
 // Path.SetMaxQueuedTotal): a sandbox's thousands of connections to
 // servers that read nothing cannot each queue MaxQueued
-// (TestQueuedBoundAcrossPairs).
+// (TestQueuedBoundAcrossPairs). A direction's charge is brought up to
+// date by its own verdicts only: one that queued a burst and fell quiet
+// is charged its burst until its end, and may send other directions to
+// user space sooner than their bytes need (never later). The bound is
+// the Path's, not an agent's.
 // Reading tcp_sock needs a GPL-compatible program: the verdict is
 // offered under BSD or GPL (programLicense).
 //
