@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -19,12 +21,19 @@ import (
 type connectReply interface {
 	refuse(a answer)
 	hijack() (net.Conn, *bufio.Reader, error)
+	// whileWaiting has the request's context end if the client goes,
+	// until stop is called.
+	whileWaiting() (stop func())
 }
 
 // httpReply answers a CONNECT that net/http read.
 type httpReply struct{ w http.ResponseWriter }
 
 func (h httpReply) refuse(a answer) { a.write(h.w) }
+
+// whileWaiting needs no watcher: net/http ends the request's context
+// when its client goes.
+func (h httpReply) whileWaiting() (stop func()) { return func() {} }
 
 func (h httpReply) hijack() (net.Conn, *bufio.Reader, error) {
 	c, brw, err := http.NewResponseController(h.w).Hijack()
@@ -43,40 +52,48 @@ const maxRequestHead = 64<<10 + 4096
 // itself (serveConnect, with a rawReply), so that a tunnel opened by a
 // client's first request never pays for net/http's machinery per
 // connection (its goroutine that reads ahead, its buffers, its contexts).
-// Any other request goes to net/http as it came (handed), with the
-// bytes read so far replayed, and is bounded there as it was here. A
-// client silent (or gone) before its method is read is closed, as
-// net/http closes one whose head does not come within the hello timeout:
-// a CONNECT's head must come whole within it too.
+// Any other request goes to net/http as it came (handed), as soon as its
+// first bytes are not "CONNECT ", with the bytes read so far replayed,
+// bounded there as it was here, and held to the hello timeout that began
+// here. A client silent (or gone) before it sends a byte is closed, as
+// net/http closes one whose head does not come within the hello timeout;
+// a CONNECT's head must come whole within it too. The request's context
+// ends when Shutdown comes, or (while an approval is awaited) when the
+// client goes.
 func (p *Proxy) serveConnectFirst(c net.Conn, handed *connQueue) {
-	if !p.trackPending(c) {
+	ctx, cancel := context.WithCancel(p.baseCtx)
+	defer cancel()
+	if !p.trackPending(c, cancel) {
 		p.releaseExplicit(c)
 		reset(c)
 		return
 	}
 	head := &io.LimitedReader{R: c, N: maxRequestHead}
 	br := bufio.NewReader(head)
-	c.SetReadDeadline(time.Now().Add(orDefault(p.HelloTimeout, DefaultHelloTimeout)))
-	method, err := br.Peek(len("CONNECT "))
-	if err != nil {
-		(&rawReply{p: p, c: c}).close()
-		return
-	}
-	if string(method) != "CONNECT " {
+	helloBy := time.Now().Add(orDefault(p.HelloTimeout, DefaultHelloTimeout))
+	c.SetReadDeadline(helloBy)
+	connect, err := isConnect(br)
+	if !connect {
 		c.SetReadDeadline(time.Time{})
 		p.untrackPending(c)
+		if br.Buffered() == 0 { // nothing came: nothing to answer
+			p.releaseExplicit(c)
+			c.Close()
+			return
+		}
 		prefix, _ := br.Peek(br.Buffered())
-		pc := newPrefixConn(c, bytes.Clone(prefix))
-		p.moveCount(c, pc)
-		if !handed.push(pc) {
-			p.releaseExplicit(pc)
+		hc := &handedConn{prefixConn: newPrefixConn(c, bytes.Clone(prefix)), by: helloBy}
+		hc.SetReadDeadline(time.Time{})
+		p.moveCount(c, hc)
+		if !handed.push(hc) {
+			p.releaseExplicit(hc)
 			reset(c)
 		}
 		return
 	}
 	r, err := http.ReadRequest(br)
 	c.SetReadDeadline(time.Time{})
-	reply := &rawReply{p: p, c: c, br: br}
+	reply := &rawReply{p: p, c: c, br: br, cancel: cancel}
 	switch {
 	case err != nil && head.N == 0:
 		reply.refuse(answer{status: http.StatusRequestHeaderFieldsTooLarge, errType: "http_request_error", why: "request head too large", refused: true})
@@ -85,11 +102,11 @@ func (p *Proxy) serveConnectFirst(c net.Conn, handed *connQueue) {
 		reply.refuse(answer{status: http.StatusBadRequest, errType: "http_request_error", why: "malformed request: " + err.Error(), refused: true})
 		return
 	}
-	if why := invalidHead(r); why != "" {
-		reply.refuse(answer{status: http.StatusBadRequest, errType: "http_request_error", why: why, refused: true})
+	if status, why := invalidHead(r); status != 0 {
+		reply.refuse(answer{status: status, errType: "http_request_error", why: why, refused: true})
 		return
 	}
-	ctx := context.WithValue(p.baseCtx, http.LocalAddrContextKey, c.LocalAddr())
+	ctx = context.WithValue(ctx, http.LocalAddrContextKey, c.LocalAddr())
 	ctx = context.WithValue(ctx, factsKey{}, connFacts{src: addrPortOf(c.RemoteAddr()), explicit: true})
 	p.serveConnect(reply, r.WithContext(ctx))
 	if !reply.hijacked {
@@ -97,28 +114,92 @@ func (p *Proxy) serveConnectFirst(c net.Conn, handed *connQueue) {
 	}
 }
 
+// isConnect reads from br until its bytes are "CONNECT " or cannot
+// become it: at once for a client that sends "GET /" and waits.
+func isConnect(br *bufio.Reader) (bool, error) {
+	const method = "CONNECT "
+	for n := 1; n <= len(method); n++ {
+		b, err := br.Peek(n)
+		if err != nil {
+			return false, err
+		}
+		if b[n-1] != method[n-1] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // invalidHead is what net/http's server refuses in a request head that
-// http.ReadRequest accepts: more than one Host, an invalid Host, invalid
-// header field names and values.
-func invalidHead(r *http.Request) string {
+// http.ReadRequest accepts, with its status: a version other than 1.x,
+// more than one Host, an invalid Host, invalid header field names and
+// values, an expectation other than 100-continue.
+func invalidHead(r *http.Request) (int, string) {
+	if r.ProtoMajor != 1 {
+		return http.StatusHTTPVersionNotSupported, "unsupported protocol version"
+	}
 	hosts := r.Header["Host"]
 	switch {
 	case len(hosts) > 1:
-		return "too many Host headers"
+		return http.StatusBadRequest, "too many Host headers"
 	case len(hosts) == 1 && !httpguts.ValidHostHeader(hosts[0]):
-		return "malformed Host header"
+		return http.StatusBadRequest, "malformed Host header"
 	}
 	for k, vv := range r.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
-			return "invalid header name"
+			return http.StatusBadRequest, "invalid header name"
 		}
 		for _, v := range vv {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return "invalid header value"
+				return http.StatusBadRequest, "invalid header value"
 			}
 		}
 	}
-	return ""
+	if e := r.Header.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
+		return http.StatusExpectationFailed, "unsupported Expect"
+	}
+	return 0, ""
+}
+
+// handedConn is a connection handed to net/http after its first bytes
+// were read here: until net/http has read the first request head
+// (unclamp, at StateActive), no read deadline it sets goes past the
+// hello timeout that began when the connection was accepted, so that a
+// head dripped to net/http does not get a second timeout.
+type handedConn struct {
+	*prefixConn
+	mu    sync.Mutex
+	by    time.Time // zero once unclamped
+	asked time.Time // the read deadline last asked for
+}
+
+func (c *handedConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.asked = t
+	if !c.by.IsZero() && (t.IsZero() || t.After(c.by)) {
+		t = c.by
+	}
+	return c.prefixConn.SetReadDeadline(t)
+}
+
+func (c *handedConn) SetDeadline(t time.Time) error {
+	if err := c.prefixConn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.SetReadDeadline(t)
+}
+
+// unclamp lets read deadlines be as net/http asks, the one it asked last
+// first.
+func (c *handedConn) unclamp() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by.IsZero() {
+		return
+	}
+	c.by = time.Time{}
+	c.prefixConn.SetReadDeadline(c.asked)
 }
 
 // rawReply answers a CONNECT the proxy read itself, on its connection: a
@@ -128,6 +209,7 @@ type rawReply struct {
 	p        *Proxy
 	c        net.Conn
 	br       *bufio.Reader
+	cancel   context.CancelFunc // ends the request's context
 	hijacked bool
 }
 
@@ -151,6 +233,26 @@ func (rr *rawReply) hijack() (net.Conn, *bufio.Reader, error) {
 	rr.p.untrackPending(rr.c)
 	rr.p.releaseExplicit(rr.c)
 	return rr.c, rr.br, nil
+}
+
+// whileWaiting ends the request's context if the client goes (its
+// end, or a reset) before stop is called, and stops watching once the
+// client sends a byte: net/http's server watches so, reading ahead. It
+// is asked for only around a wait that nothing else bounds (an approval),
+// so that a tunnel's ordinary path pays for no watcher.
+func (rr *rawReply) whileWaiting() (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if clientGone(rr.c) {
+			rr.cancel()
+		}
+	}()
+	return func() {
+		rr.c.SetReadDeadline(time.Unix(1, 0))
+		<-done
+		rr.c.SetReadDeadline(time.Time{})
+	}
 }
 
 // close ends a connection that was not hijacked.
@@ -187,14 +289,15 @@ func (w *bufferedResponse) Write(b []byte) (int, error) {
 }
 
 // trackPending counts c among the connections whose first request the
-// proxy reads itself, which Shutdown closes; false once it is closed.
-func (p *Proxy) trackPending(c net.Conn) bool {
+// proxy reads itself, which Shutdown closes, ending their requests'
+// contexts (cancel); false once it is closed.
+func (p *Proxy) trackPending(c net.Conn, cancel context.CancelFunc) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return false
 	}
-	p.pending[c] = struct{}{}
+	p.pending[c] = cancel
 	return true
 }
 

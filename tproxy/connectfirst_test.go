@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
 )
 
 // dialExplicit opens a raw connection to w's explicit proxy.
@@ -68,6 +69,9 @@ func TestFirstRequestHeads(t *testing.T) {
 		{"malformed", "CONNECT " + tunnelTo + " HTTP/1.1\r\nno colon here\r\n\r\n", http.StatusBadRequest},
 		{"two Hosts", "CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\nHost: other.test:1\r\n\r\n", http.StatusBadRequest},
 		{"an invalid header value", "CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\nX-Bad: a\x01b\r\n\r\n", http.StatusBadRequest},
+		{"HTTP/2.0", "CONNECT " + tunnelTo + " HTTP/2.0\r\nHost: " + tunnelTo + "\r\n\r\n", http.StatusHTTPVersionNotSupported},
+		{"HTTP/9.9", "CONNECT " + tunnelTo + " HTTP/9.9\r\nHost: " + tunnelTo + "\r\n\r\n", http.StatusHTTPVersionNotSupported},
+		{"an unknown expectation", "CONNECT " + tunnelTo + " HTTP/1.1\r\nHost: " + tunnelTo + "\r\nExpect: x-foo\r\n\r\n", http.StatusExpectationFailed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := w.dialExplicit()
@@ -84,6 +88,31 @@ func TestFirstRequestHeads(t *testing.T) {
 			assert.False(t, isTimeout(err), "the connection stays open")
 		})
 	}
+
+	t.Run("a short head that is not a CONNECT", func(t *testing.T) {
+		c := w.dialExplicit()
+		io.WriteString(c, "GET /\r\n") // and waits: net/http says 400 at once
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	})
+
+	t.Run("handed to net/http after most of the hello timeout", func(t *testing.T) {
+		c := w.dialExplicit()
+		start := time.Now()
+		go func() {
+			time.Sleep(400 * time.Millisecond)
+			io.WriteString(c, "GET http:")
+			for range 30 {
+				if _, err := io.WriteString(c, "a"); err != nil {
+					return
+				}
+				time.Sleep(30 * time.Millisecond)
+			}
+		}()
+		io.ReadAll(c)
+		assert.Less(t, time.Since(start), 800*time.Millisecond, "a second hello timeout began at the handing over")
+	})
 
 	t.Run("dripped past the hello timeout", func(t *testing.T) {
 		c := w.dialExplicit()
@@ -128,4 +157,58 @@ func TestShutdownClosesFirstRequests(t *testing.T) {
 		return n == 0
 	}, 5*time.Second, time.Millisecond, "counts left behind")
 	assert.Empty(t, w.log.List(egresslog.Filter{}, 10), "a request that never came was recorded")
+}
+
+// heldApprover holds every approval until its context ends, counting
+// those it was asked and those whose context ended.
+type heldApprover struct {
+	asked, ended chan struct{}
+}
+
+func (h heldApprover) Approve(ctx context.Context, q policy.ApprovalQuery) policy.Decision {
+	h.asked <- struct{}{}
+	select {
+	case <-ctx.Done():
+		h.ended <- struct{}{}
+	case <-time.After(20 * time.Second):
+	}
+	return q.Refusal
+}
+
+// TestApprovalEndsWithItsClient: a CONNECT waiting for an approval stops
+// waiting when its client goes, or when Shutdown comes: else a sandbox
+// could leave approvals pending without holding a socket, and lock its
+// own source out of the explicit proxy (its connections still counted),
+// and a goroutine would outlive Shutdown.
+func TestApprovalEndsWithItsClient(t *testing.T) {
+	h := heldApprover{asked: make(chan struct{}, 4), ended: make(chan struct{}, 4)}
+	w := newWorld(t, nil, func(p *Proxy) { p.Approver = h; p.MaxExplicitConnsPerSource = 2 })
+	w.setPolicy(policy.Config{Ask: true})
+	connect := func() net.Conn {
+		c := w.dialExplicit()
+		fmt.Fprintf(c, "CONNECT svc.test:%d HTTP/1.1\r\nHost: svc.test\r\n\r\n", w.bannerAddr.Port())
+		select {
+		case <-h.asked:
+		case <-time.After(5 * time.Second):
+			require.Fail(t, "no approval asked")
+		}
+		return c
+	}
+	awaitEnded := func(why string) {
+		select {
+		case <-h.ended:
+		case <-time.After(5 * time.Second):
+			require.Fail(t, "the approval still waits", why)
+		}
+	}
+	for range 2 {
+		connect().Close()
+		awaitEnded("after its client went")
+	}
+	c := connect() // the source's count was given back
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.proxy.Shutdown(ctx))
+	awaitEnded("after Shutdown")
+	c.Close()
 }

@@ -130,6 +130,10 @@ func (p *Proxy) boundExplicitConns(c net.Conn, state http.ConnState) {
 		if _, counted := p.explicitCounted.Load(c); !counted { // else counted when accepted
 			p.acquireExplicit(c)
 		}
+	case http.StateActive:
+		if hc, ok := c.(*handedConn); ok {
+			hc.unclamp()
+		}
 	case http.StateHijacked, http.StateClosed:
 		p.releaseExplicit(c)
 	}
@@ -331,7 +335,11 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 	case errors.Is(err, netguard.ErrNotLiteral):
 		s.dst = netip.AddrPortFrom(netip.Addr{}, uint16(port))
 		t, d = decideName(pol, host, uint16(port))
-		t, d = p.askFor(r.Context(), agent, who.current, t, d, uint16(port), egresslog.KindConnect)
+		if p.Approver != nil && d.Askable {
+			stop := w.whileWaiting()
+			t, d = p.askFor(r.Context(), agent, who.current, t, d, uint16(port), egresslog.KindConnect)
+			stop()
+		}
 		rec.Rule = d.Rule
 		if !d.Allowed {
 			refuse(refusedBy(d))

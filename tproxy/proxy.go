@@ -160,7 +160,7 @@ type Proxy struct {
 	sessionsWG    sync.WaitGroup
 	mu            sync.Mutex
 	listeners     map[net.Listener]struct{}
-	pending       map[net.Conn]struct{} // explicit connections whose first request is being read
+	pending       map[net.Conn]context.CancelFunc // explicit connections whose first request is being read, and how to end its context
 	closed        bool
 	closedCh      chan struct{}
 	sweeperActive bool
@@ -169,7 +169,7 @@ type Proxy struct {
 func (p *Proxy) init() {
 	p.initOnce.Do(func() {
 		p.listeners = map[net.Listener]struct{}{}
-		p.pending = map[net.Conn]struct{}{}
+		p.pending = map[net.Conn]context.CancelFunc{}
 		p.closedCh = make(chan struct{})
 		p.baseCtx, p.cancelAll = context.WithCancel(context.Background())
 		p.relays.m = map[*relay]struct{}{}
@@ -320,7 +320,8 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	for ln := range p.listeners {
 		ln.Close()
 	}
-	for c := range p.pending {
+	for c, cancel := range p.pending {
+		cancel()  // an approval awaited, a dial
 		c.Close() // a first request not yet read, or its CONNECT not yet answered
 	}
 	explicit := p.explicitSrvs

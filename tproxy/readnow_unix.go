@@ -40,3 +40,27 @@ func readNow(c net.Conn, buf []byte) ([]byte, error) {
 	}
 	return buf[:len(buf)+n], nil
 }
+
+// clientGone waits until c's peer has ended or reset the connection,
+// true, or has sent a byte, or c's read deadline has passed, false;
+// reading nothing.
+func clientGone(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var probe [1]byte
+	var n int
+	var peekErr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, peekErr = unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return peekErr != unix.EAGAIN
+	}); err != nil {
+		return false
+	}
+	return peekErr != nil || n == 0
+}
