@@ -92,33 +92,16 @@ func (p *Proxy) ServeExplicit(ln net.Listener) error {
 // fails: each is bounded by its source (acquireExplicit), then read for
 // a first CONNECT, or handed to net/http.
 func (p *Proxy) acceptExplicit(ln net.Listener, handed *connQueue) error {
-	var delay time.Duration
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if p.isClosed() {
-				return nil
-			}
-			if temporaryAcceptError(err) {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				p.logger().Warn("explicit proxy: accept failed; retrying", "err", err, "delay", delay)
-				time.Sleep(delay) // back off on EMFILE and friends
-				continue
-			}
-			return err
-		}
-		delay = 0
+	return p.acceptEach(ln, func(c net.Conn) bool {
 		if _, plain := c.(*net.TCPConn); !plain {
 			if !handed.push(c) { // net/http bounds it, and shakes a TLS client's hands
 				c.Close()
 			}
-			continue
+		} else if p.acquireExplicit(c) {
+			go p.serveConnectFirst(c, handed)
 		}
-		if !p.acquireExplicit(c) {
-			continue
-		}
-		go p.serveConnectFirst(c, handed)
-	}
+		return true
+	})
 }
 
 // boundExplicitConns bounds the connections net/http serves

@@ -249,30 +249,46 @@ func (p *Proxy) Serve(ln net.Listener) error {
 	}
 	defer p.untrack(ln)
 	p.startSweeper()
+	err := p.acceptEach(ln, func(c net.Conn) bool {
+		if !p.beginSession() {
+			reset(c)
+			return false
+		}
+		go func() {
+			defer p.sessionsWG.Done()
+			p.serveTransparent(c)
+		}()
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	return ErrServerClosed
+}
+
+// acceptEach accepts connections from ln until it fails, and hands each
+// to handle, which says whether to go on; it backs off on shortages that
+// pass (temporaryAcceptError). It returns nil once the proxy is closed.
+func (p *Proxy) acceptEach(ln net.Listener, handle func(net.Conn) bool) error {
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			if p.isClosed() {
-				return ErrServerClosed
+				return nil
 			}
 			if temporaryAcceptError(err) {
 				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				p.logger().Warn("accept failed; retrying", "err", err, "delay", delay)
+				p.logger().Warn("accept failed; retrying", "listener", ln.Addr().String(), "err", err, "delay", delay)
 				time.Sleep(delay) // back off on EMFILE and friends
 				continue
 			}
 			return err
 		}
 		delay = 0
-		if !p.beginSession() {
-			reset(c)
-			return ErrServerClosed
+		if !handle(c) {
+			return nil
 		}
-		go func() {
-			defer p.sessionsWG.Done()
-			p.serveTransparent(c)
-		}()
 	}
 }
 

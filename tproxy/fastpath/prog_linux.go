@@ -112,7 +112,7 @@ func writeSeqOffset() (int16, error) {
 // socket the peers map does not know, the bytes stay with the socket
 // (SK_PASS), for user space.
 func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Instructions {
-	return asm.Instructions{
+	verdict := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // the skb
 		// An skb without data (its end of stream) is not sent on: the
 		// end is passed on by Run, after the data.
@@ -184,19 +184,13 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 		// the place of what it charged before, in the total; one that
 		// grows past the bound leaves the kernel path.
 		asm.Mov.Reg(asm.R9, asm.R1),
-		asm.StoreImm(asm.RFP, -16, totalsCharged, asm.Word),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -16),
-		asm.LoadMapPtr(asm.R1, totals.FD()),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "user"),
+	}
+	verdict = append(verdict, lookupTotals(totals, totalsCharged)...)
+	verdict = append(verdict,
 		asm.Mov.Reg(asm.R8, asm.R0), // the total charged
-		asm.StoreImm(asm.RFP, -16, totalsReleased, asm.Word),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, -16),
-		asm.LoadMapPtr(asm.R1, totals.FD()),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "user"),
+	)
+	verdict = append(verdict, lookupTotals(totals, totalsReleased)...)
+	return append(verdict,
 		asm.LoadMem(asm.R2, asm.R7, peerChargedOff, asm.DWord),
 		asm.Mov.Reg(asm.R3, asm.R9),
 		asm.Sub.Reg(asm.R3, asm.R2), // the change of this direction's charge
@@ -227,5 +221,18 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, skDrop).WithSymbol("drop"),
 		asm.Return(),
+	)
+}
+
+// lookupTotals looks up the totals map's entry at key; its address is in
+// R0 after, or the direction leaves the kernel path if there is none.
+func lookupTotals(totals *ebpf.Map, key int32) asm.Instructions {
+	return asm.Instructions{
+		asm.StoreImm(asm.RFP, -16, int64(key), asm.Word),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -16),
+		asm.LoadMapPtr(asm.R1, totals.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "user"),
 	}
 }
