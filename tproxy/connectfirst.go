@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -72,8 +71,7 @@ func (p *Proxy) serveConnectFirst(c net.Conn, handed *connQueue) {
 	br := bufio.NewReader(head)
 	helloBy := time.Now().Add(orDefault(p.HelloTimeout, DefaultHelloTimeout))
 	c.SetReadDeadline(helloBy)
-	connect, err := isConnect(br)
-	if !connect {
+	if !isConnect(br) {
 		c.SetReadDeadline(time.Time{})
 		p.untrackPending(c)
 		if br.Buffered() == 0 { // nothing came: nothing to answer
@@ -115,19 +113,16 @@ func (p *Proxy) serveConnectFirst(c net.Conn, handed *connQueue) {
 }
 
 // isConnect reads from br until its bytes are "CONNECT " or cannot
-// become it: at once for a client that sends "GET /" and waits.
-func isConnect(br *bufio.Reader) (bool, error) {
+// become it (at once for a client that sends "GET /" and waits), or its
+// reads fail.
+func isConnect(br *bufio.Reader) bool {
 	const method = "CONNECT "
 	for n := 1; n <= len(method); n++ {
-		b, err := br.Peek(n)
-		if err != nil {
-			return false, err
-		}
-		if b[n-1] != method[n-1] {
-			return false, nil
+		if b, err := br.Peek(n); err != nil || b[n-1] != method[n-1] {
+			return false
 		}
 	}
-	return true, nil
+	return true
 }
 
 // invalidHead is what net/http's server refuses in a request head that
@@ -155,7 +150,7 @@ func invalidHead(r *http.Request) (int, string) {
 			}
 		}
 	}
-	if e := r.Header.Get("Expect"); e != "" && !strings.EqualFold(e, "100-continue") {
+	if e := r.Header["Expect"]; len(e) > 0 && !httpguts.HeaderValuesContainsToken(e, "100-continue") {
 		return http.StatusExpectationFailed, "unsupported Expect"
 	}
 	return 0, ""
@@ -220,8 +215,8 @@ func (rr *rawReply) refuse(a answer) {
 		StatusCode: w.status, ProtoMajor: 1, ProtoMinor: 1, Header: w.header,
 		Body: io.NopCloser(&w.body), ContentLength: int64(w.body.Len()), Close: true,
 	}
-	if resp.StatusCode == 0 {
-		resp.StatusCode = http.StatusOK
+	if resp.StatusCode == 0 { // an answer that wrote nothing is still a refusal
+		resp.StatusCode = http.StatusInternalServerError
 	}
 	rr.c.SetWriteDeadline(time.Now().Add(orDefault(rr.p.HelloTimeout, DefaultHelloTimeout)))
 	resp.Write(rr.c)

@@ -141,6 +141,7 @@ func TestShutdownClosesFirstRequests(t *testing.T) {
 	c := w.dialExplicit()
 	_, err := io.WriteString(c, "CONNECT svc.test:1 HTTP/1.1\r\n")
 	require.NoError(t, err)
+	w.proxy.init() // Serve's, which made pending, happened before
 	require.Eventually(t, func() bool {
 		w.proxy.mu.Lock()
 		defer w.proxy.mu.Unlock()
