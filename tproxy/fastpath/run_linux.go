@@ -89,7 +89,10 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 				pr.fail(conns, fmt.Errorf("fastpath: %w", st.err))
 			case st.ended || st.left:
 				ended[i] = true
-				if i == 0 && st.left {
+				if i == 0 {
+					// passEnd may read a (bytes left to user space, or
+					// still on their way): Run's wait on a's poller would
+					// hold a's read lock from it.
 					mu.Lock()
 					waitOnA = false
 					a.SetReadDeadline(time.Time{})
@@ -100,7 +103,7 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 					defer passing.Done()
 					if err := pr.passEnd(i, conns, st.left); err != nil {
 						pr.fail(conns, fmt.Errorf("fastpath: %w", err))
-					} else if i == 0 && st.left {
+					} else if i == 0 {
 						// a is read no more: back to its poller, which
 						// a Close (an abort) wakes; woken would not be.
 						mu.Lock()
