@@ -206,7 +206,12 @@ func TestApprovalEndsWithItsClient(t *testing.T) {
 		connect().Close()
 		awaitEnded("after its client went")
 	}
-	c := connect() // the source's count was given back
+	require.Eventually(t, func() bool { // once its refusal is done, the source's count is given back
+		n := 0
+		w.proxy.explicitCounted.Range(func(any, any) bool { n++; return true })
+		return n == 0
+	}, 5*time.Second, time.Millisecond)
+	c := connect()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, w.proxy.Shutdown(ctx))
