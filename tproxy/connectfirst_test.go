@@ -16,6 +16,7 @@ import (
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/approval"
 )
 
 // dialExplicit opens a raw connection to w's explicit proxy.
@@ -160,51 +161,47 @@ func TestShutdownClosesFirstRequests(t *testing.T) {
 	assert.Empty(t, w.log.List(egresslog.Filter{}, 10), "a request that never came was recorded")
 }
 
-// heldApprover holds every approval until its context ends, counting
-// those it was asked and those whose context ended.
-type heldApprover struct {
-	asked, ended chan struct{}
-}
-
-func (h heldApprover) Approve(ctx context.Context, q policy.ApprovalQuery) policy.Decision {
-	h.asked <- struct{}{}
-	select {
-	case <-ctx.Done():
-		h.ended <- struct{}{}
-	case <-time.After(20 * time.Second):
-	}
-	return q.Refusal
-}
-
 // TestApprovalEndsWithItsClient: a CONNECT waiting for an approval stops
-// waiting when its client goes, or when Shutdown comes: else a sandbox
-// could leave approvals pending without holding a socket, and lock its
-// own source out of the explicit proxy (its connections still counted),
-// and a goroutine would outlive Shutdown.
+// waiting when its client goes, or when Shutdown comes, and is recorded
+// as refused for that: else a sandbox could leave approvals pending
+// without holding a socket, and lock its own source out of the explicit
+// proxy (its connections still counted), and a wait would outlive
+// Shutdown.
 func TestApprovalEndsWithItsClient(t *testing.T) {
-	h := heldApprover{asked: make(chan struct{}, 4), ended: make(chan struct{}, 4)}
-	w := newWorld(t, nil, func(p *Proxy) { p.Approver = h; p.MaxExplicitConnsPerSource = 2 })
+	b := &approval.Broker{Timeout: time.Minute}
+	w := newWorld(t, nil, func(p *Proxy) { p.Approver = b; p.MaxExplicitConnsPerSource = 2 })
 	w.setPolicy(policy.Config{Ask: true})
+	target := fmt.Sprintf("svc.test:%d", w.bannerAddr.Port())
+	waiting := func() int {
+		n := 0
+		for _, r := range b.Pending() {
+			n += r.Waiting
+		}
+		return n
+	}
 	connect := func() net.Conn {
 		c := w.dialExplicit()
-		fmt.Fprintf(c, "CONNECT svc.test:%d HTTP/1.1\r\nHost: svc.test\r\n\r\n", w.bannerAddr.Port())
-		select {
-		case <-h.asked:
-		case <-time.After(5 * time.Second):
-			require.Fail(t, "no approval asked")
-		}
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		require.Eventually(t, func() bool { return waiting() == 1 }, 5*time.Second, time.Millisecond, "no approval asked")
 		return c
 	}
-	awaitEnded := func(why string) {
-		select {
-		case <-h.ended:
-		case <-time.After(5 * time.Second):
-			require.Fail(t, "the approval still waits", why)
-		}
+	refusals := 0 // recorded so far, each for an approval that ended with its client
+	gone := func(why string) {
+		require.Eventually(t, func() bool { return waiting() == 0 }, 5*time.Second, time.Millisecond, "the approval still waits %s", why)
+		refusals++
+		assert.Eventually(t, func() bool {
+			n := 0
+			for _, r := range w.log.List(egresslog.Filter{Kind: egresslog.KindConnect, DeniedOnly: true}, 100) {
+				if strings.Contains(r.Reason, policy.ReasonApprovalGone) {
+					n++
+				}
+			}
+			return n == refusals
+		}, 5*time.Second, time.Millisecond, "no record of the refusal %s", why)
 	}
 	for range 2 {
 		connect().Close()
-		awaitEnded("after its client went")
+		gone("after its client went")
 	}
 	require.Eventually(t, func() bool { // once its refusal is done, the source's count is given back
 		n := 0
@@ -215,6 +212,6 @@ func TestApprovalEndsWithItsClient(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, w.proxy.Shutdown(ctx))
-	awaitEnded("after Shutdown")
+	gone("after Shutdown")
 	c.Close()
 }
