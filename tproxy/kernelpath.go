@@ -8,7 +8,8 @@ import "net"
 // done with its bytes: passed through (not intercepted, not plain HTTP),
 // TCP on both sides, and the agent without a byte-rate quota; and only
 // once one direction has moved Proxy.KernelPathAfter bytes on the
-// user-space relay, both still open. Every other connection, and one Move
+// user-space relay, both still open, and while the agent holds fewer than
+// Proxy.KernelPathPerAgent connections on it. Every other connection, and one Move
 // refuses, stays on the user-space relay; the record's Relay says which
 // moved it.
 type KernelPath interface {

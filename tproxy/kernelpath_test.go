@@ -409,3 +409,50 @@ func unreadBytes(c *net.TCPConn) int {
 	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
 	return n
 }
+
+// TestKernelPathPerAgent: an agent holds at most KernelPathPerAgent
+// connections on the kernel path at once, so that its connections cannot
+// take all of what the path may queue; one past it stays on the
+// user-space relay, whole, and a place given back is taken again.
+func TestKernelPathPerAgent(t *testing.T) {
+	sp := signalled(kernelPath(t))
+	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) {
+		p.KernelPath, p.KernelPathAfter, p.KernelPathPerAgent = sp, -1, 1
+	})
+	w.setNames("svc.test")
+	greeted := func() (net.Conn, *bufio.Reader) {
+		c := w.dial(w.bannerAddr)
+		br := bufio.NewReader(c)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "SSH-2.0-test_banner\r\n", line)
+		return c, br
+	}
+	// exchange sends a line and reads the answer, closes, and returns
+	// the connection's record.
+	exchange := func(c net.Conn, br *bufio.Reader, relay string) egresslog.Record {
+		_, err := c.Write([]byte("hello\n"))
+		require.NoError(t, err)
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "got hello\n", line)
+		c.Close()
+		return w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Open && r.Relay == relay })
+	}
+	first, firstBr := greeted()
+	awaitMoved(t, sp.moved)
+	second, secondBr := greeted()
+	r := exchange(second, secondBr, egresslog.RelaySplice) // past the agent's one place
+	assert.EqualValues(t, len("SSH-2.0-test_banner\r\ngot hello\n"), r.BytesDown)
+	assert.Empty(t, sp.moved, "the second connection went on the kernel path")
+
+	r = exchange(first, firstBr, egresslog.RelayKernel)
+	assert.EqualValues(t, len("hello\n"), r.BytesUp)
+
+	third, thirdBr := greeted() // the first's place, given back
+	awaitMoved(t, sp.moved)
+	third.Close()
+	_, err := thirdBr.ReadString('\n')
+	assert.Error(t, err)
+}

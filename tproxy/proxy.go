@@ -54,6 +54,12 @@ const (
 	// connections (an API call, a page) are done before then, and moving
 	// one costs more than relaying its few bytes.
 	DefaultKernelPathAfter = 64 << 10
+	// DefaultKernelPathPerAgent bounds an agent's connections on the
+	// KernelPath at once: with fastpath's 4 MiB a direction may queue
+	// there, one agent's connections hold at most 128 MiB of it, half of
+	// what all may (fastpath.DefaultMaxQueuedTotal), and never crowd the
+	// others off it.
+	DefaultKernelPathPerAgent = 16
 	// DefaultMaxExplicitConnsPerSource bounds connections to the explicit
 	// proxy from one address: a client keeps a few, a NAT in front of
 	// remote agents many.
@@ -100,6 +106,10 @@ type Proxy struct {
 	// the KernelPath; zero means DefaultKernelPathAfter, a negative value
 	// hands it over at once.
 	KernelPathAfter int
+	// KernelPathPerAgent bounds the connections of one agent the
+	// KernelPath holds at once; past it, the agent's connections stay on
+	// the user-space relay. Zero means DefaultKernelPathPerAgent.
+	KernelPathPerAgent int
 	// Log receives one record per connection and per HTTP request.
 	Log *egresslog.Log
 	// Logger receives operational messages; nil discards them.
@@ -145,10 +155,11 @@ type Proxy struct {
 	relays    relaySet
 	// Connections to the explicit proxy, per listener address (a
 	// *budget.Counter of them per source), and which are counted where.
-	explicitConns   sync.Map     // listener address (netip.AddrPort) -> *budget.Counter
-	explicitCounted sync.Map     // net.Conn -> *budget.Counter
-	unidentified    budget.Rates // records of refused, unidentified requests, per source
-	agentConns      sync.Map     // agent -> *connSet: its sessions' client connections
+	explicitConns   sync.Map       // listener address (netip.AddrPort) -> *budget.Counter
+	explicitCounted sync.Map       // net.Conn -> *budget.Counter
+	kernelConns     budget.Counter // connections on the KernelPath, by agent
+	unidentified    budget.Rates   // records of refused, unidentified requests, per source
+	agentConns      sync.Map       // agent -> *connSet: its sessions' client connections
 
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
@@ -181,6 +192,15 @@ func (p *Proxy) logger() *slog.Logger {
 		return p.Logger
 	}
 	return slog.New(slog.DiscardHandler)
+}
+
+// kernelSlot takes one of agent's places on the KernelPath, if it has
+// one left; release gives it back.
+func (p *Proxy) kernelSlot(agent string) (release func(), ok bool) {
+	if !p.kernelConns.Acquire(agent, orDefault(p.KernelPathPerAgent, DefaultKernelPathPerAgent), 0) {
+		return nil, false
+	}
+	return func() { p.kernelConns.Release(agent) }, true
 }
 
 // kernelPathAfter is KernelPathAfter, its zero the default.

@@ -29,6 +29,10 @@ type relay struct {
 	lastActive atomic.Int64           // unix nanoseconds of the last bytes copyTracked moved
 	why        atomic.Pointer[string] // why it was cut short, if it was
 	urgent     atomic.Bool            // urgent data passed: it stays off the kernel path
+	// kernelSlot, if set, takes one of the agent's places on the kernel
+	// path before a handover (Proxy.kernelSlot); none left keeps the
+	// connection on the user-space relay.
+	kernelSlot func() (release func(), ok bool)
 	// paceUp and paceDown, when set, are told of the bytes moved each
 	// way and wait while the agent is over its byte quota.
 	paceUp, paceDown *pacer
@@ -149,6 +153,7 @@ func (s *session) relay(a *allowed) {
 		return
 	}
 	r := newRelay(s.client, a.up)
+	r.kernelSlot = func() (func(), bool) { return s.p.kernelSlot(s.agent) }
 	q := s.pol.Quotas()
 	r.paceUp = s.p.pacer(&s.p.bytesUp, s.agent, q.BytesPerSecondUp)
 	r.paceDown = s.p.pacer(&s.p.bytesDown, s.agent, q.BytesPerSecondDown)
@@ -256,14 +261,24 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 		case r.urgent.Load():
 			h = nil // the kernel path would pass urgent data on inline
 		case stops == [2]stop{emptied, emptied}:
+			release, ok := func() {}, true
+			if r.kernelSlot != nil {
+				release, ok = r.kernelSlot()
+			}
+			if !ok {
+				h = nil // the agent's places on the kernel path are taken
+				break
+			}
 			wait, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
 			if kerr == nil {
 				up, down, err = wait()
+				release()
 				if err != nil {
 					r.abort(err.Error())
 				}
 				return n[0] + up, n[1] + down, egresslog.RelayKernel, err
 			}
+			release()
 			logger().Debug("kernel path refused a connection; relaying it", "err", kerr)
 			h = nil
 		case which == [2]bool{true, true} && attempt < handoverAttempts:

@@ -30,7 +30,8 @@
 // date by its own verdicts only: one that queued a burst and fell quiet
 // is charged its burst until its end, and may send other directions to
 // user space sooner than their bytes need (never later). The bound is
-// the Path's, not an agent's.
+// the Path's; tproxy bounds an agent's share by the connections it may
+// hold on the path (Proxy.KernelPathPerAgent).
 // Reading tcp_sock needs a GPL-compatible program: the verdict is
 // offered under BSD or GPL (programLicense).
 //
