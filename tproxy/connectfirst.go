@@ -239,7 +239,7 @@ func (rr *rawReply) whileWaiting() (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if clientGone(rr.c) {
+		if gone, err := awaitBytes(rr.c); gone && err == nil {
 			rr.cancel()
 		}
 	}()

@@ -3,6 +3,7 @@
 package tproxy
 
 import (
+	"errors"
 	"io"
 	"net"
 	"syscall"
@@ -41,17 +42,17 @@ func readNow(c net.Conn, buf []byte) ([]byte, error) {
 	return buf[:len(buf)+n], nil
 }
 
-// clientGone waits until c's peer has ended or reset the connection,
-// true, or has sent a byte, or c's read deadline has passed, false;
-// reading nothing.
-func clientGone(c net.Conn) bool {
+// awaitBytes waits, reading nothing, until c has bytes to read, its end
+// of stream or an error (gone: the end or the error), or until its read
+// deadline passes (err).
+func awaitBytes(c net.Conn) (gone bool, err error) {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return false
+		return false, errors.ErrUnsupported
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return false
+		return false, err
 	}
 	var probe [1]byte
 	var n int
@@ -60,7 +61,7 @@ func clientGone(c net.Conn) bool {
 		n, _, peekErr = unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		return peekErr != unix.EAGAIN
 	}); err != nil {
-		return false
+		return false, err
 	}
-	return peekErr != nil || n == 0
+	return peekErr != nil || n == 0, nil
 }

@@ -153,7 +153,9 @@ func (s *session) relay(a *allowed) {
 		return
 	}
 	r := newRelay(s.client, a.up)
-	r.kernelSlot = func() (func(), bool) { return s.p.kernelSlot(s.agent) }
+	if s.p.KernelPath != nil {
+		r.kernelSlot = func() (func(), bool) { return s.p.kernelSlot(s.agent) }
+	}
 	q := s.pol.Quotas()
 	r.paceUp = s.p.pacer(&s.p.bytesUp, s.agent, q.BytesPerSecondUp)
 	r.paceDown = s.p.pacer(&s.p.bytesDown, s.agent, q.BytesPerSecondDown)
@@ -537,7 +539,7 @@ func (r *relay) settle(d direction, i int, h *handover) (n int64, at stop, ended
 		if h.arrive(i) != pending {
 			return n, emptied, false, nil
 		}
-		err = awaitBytes(d.src)
+		_, err = awaitBytes(d.src) // its end, or an error, the next flush meets
 		if h.depart(i) != pending {
 			return n, emptied, false, nil
 		}

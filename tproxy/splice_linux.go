@@ -293,20 +293,6 @@ func (r *relay) passUrgent(dst syscall.RawConn, b byte) error {
 	return errors.Join(err, sendErr)
 }
 
-// awaitBytes waits until src has bytes to read, or its end of stream or
-// an error, or its read deadline passes, reading nothing.
-func awaitBytes(src net.Conn) error {
-	raw, err := src.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		return err
-	}
-	var probe [1]byte
-	return raw.Read(func(fd uintptr) bool {
-		_, _, err := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		return err != unix.EAGAIN
-	})
-}
-
 // spliceRetry calls splice(2) without blocking on the pipe, retrying on
 // EINTR.
 func spliceRetry(in, out, n int) (int, error) {

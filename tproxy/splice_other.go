@@ -26,8 +26,5 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (int64, stop, bool, error)
 // urgentInline does nothing: urgent data is read as the system reads it.
 func urgentInline(c *net.TCPConn) {}
 
-// awaitBytes is never called: a handover needs both ends spliced.
-func awaitBytes(src net.Conn) error { return errors.ErrUnsupported }
-
 // idle returns how long no byte has moved either way.
 func (r *relay) idle() time.Duration { return r.sinceActive() }
