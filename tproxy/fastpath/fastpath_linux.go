@@ -26,8 +26,17 @@ import (
 type Path struct {
 	watched, targets, peers *ebpf.Map
 	totals                  *ebpf.Map // what all directions have queued, and the bound
+	senders                 *ebpf.Map // by a socket's cookie, the cookie of the socket whose bytes go to it
 	prog                    *ebpf.Program
 	watch                   *watcher
+
+	rechargeProg *ebpf.Program
+	rechargeIter *link.Iter
+	rechargeStop chan struct{}
+	rechargeDone chan struct{}
+	// chargeMu orders what user space does to charges: a recharge, and
+	// each direction's release.
+	chargeMu sync.Mutex
 
 	mu       sync.Mutex
 	free     []uint32 // free slots of the sockmaps
@@ -64,6 +73,9 @@ func New(pairs int) (*Path, error) {
 	if p.totals, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_totals", Type: ebpf.Array, KeySize: 4, ValueSize: totalsSize, MaxEntries: 2}); err != nil {
 		return nil, fmt.Errorf("fastpath: totals map: %w", err)
 	}
+	if p.senders, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_senders", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: uint32(2 * pairs)}); err != nil {
+		return nil, fmt.Errorf("fastpath: senders map: %w", err)
+	}
 	if err = p.SetMaxQueuedTotal(DefaultMaxQueuedTotal); err != nil {
 		return nil, err
 	}
@@ -78,9 +90,14 @@ func New(pairs int) (*Path, error) {
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
 		return nil, fmt.Errorf("fastpath: attach the verdict: %w", err)
 	}
+	if p.rechargeProg, p.rechargeIter, err = newRecharge(p.senders, p.peers, p.totals, writeSeqOff); err != nil {
+		return nil, err
+	}
 	if p.watch, err = newWatcher(); err != nil {
 		return nil, err
 	}
+	p.rechargeStop, p.rechargeDone = make(chan struct{}), make(chan struct{})
+	go p.rechargeLoop()
 	for i := 2*pairs - 1; i >= 0; i-- {
 		p.free = append(p.free, uint32(i))
 	}
@@ -91,10 +108,18 @@ func New(pairs int) (*Path, error) {
 // returned; pairs still in the maps are dropped from them, and their
 // sockets go on as plain sockets.
 func (p *Path) Close() error {
+	if p.rechargeStop != nil {
+		close(p.rechargeStop)
+		<-p.rechargeDone
+	}
 	if p.watch != nil {
 		p.watch.close()
 	}
-	return errors.Join(p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close()) // each is nil-safe
+	var iterErr error
+	if p.rechargeIter != nil {
+		iterErr = p.rechargeIter.Close()
+	}
+	return errors.Join(iterErr, p.rechargeProg.Close(), p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close(), p.senders.Close()) // each is nil-safe
 }
 
 // SetMaxQueuedTotal sets the bound on what all directions of all pairs
@@ -152,7 +177,8 @@ type Pair struct {
 	// woken tells Run of a change it waits for without Go's poller.
 	woken      chan struct{}
 	removeOnce sync.Once
-	// released says which directions' charges the total no longer holds.
+	// released says which directions' charges the total no longer holds
+	// (under the Path's chargeMu).
 	released [2]bool
 }
 
@@ -206,6 +232,10 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 		if err := p.peers.Update(pr.cookies[i], v[:], ebpf.UpdateNoExist); err != nil {
 			pr.Remove()
 			return nil, fmt.Errorf("fastpath: peers: %w", err)
+		}
+		if err := p.senders.Update(pr.cookies[1-i], pr.cookies[i], ebpf.UpdateAny); err != nil {
+			pr.Remove()
+			return nil, fmt.Errorf("fastpath: senders: %w", err)
 		}
 	}
 	for i, c := range conns {
@@ -272,18 +302,27 @@ func (pr *Pair) Remove() {
 // release takes direction i's charge out of the total, once: its bytes
 // have all left the kernel path's queue (or the pair is gone).
 func (pr *Pair) release(i int) {
+	pr.p.chargeMu.Lock()
+	defer pr.p.chargeMu.Unlock()
+	if pr.released[i] {
+		return
+	}
+	// Out of the recharge program's sight first: it would lower a
+	// charge the total no longer holds. A failure keeps the charge, as
+	// each failure here does: more directions stay in user space, none
+	// queues more.
+	if err := pr.p.senders.Delete(pr.cookies[1-i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return
+	}
 	var v [peerSize]byte
 	if pr.cookies[i] == 0 || pr.p.peers.Lookup(pr.cookies[i], v[:]) != nil {
 		return
 	}
+	pr.released[i] = true
 	pr.p.mu.Lock()
 	defer pr.p.mu.Unlock()
-	if pr.released[i] {
-		return
-	}
-	pr.released[i] = true
 	pr.p.released += binary.NativeEndian.Uint64(v[peerChargedOff:])
-	pr.p.writeReleasedLocked() // a failure keeps the charge: more directions stay in user space, none queues more
+	pr.p.writeReleasedLocked()
 }
 
 func socketCookie(c *net.TCPConn) (uint64, error) {

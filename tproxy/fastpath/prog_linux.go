@@ -201,11 +201,17 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 		asm.Add.Reg(asm.R4, asm.R3),
 		asm.LoadMem(asm.R5, asm.R0, 8, asm.DWord),
 		asm.JSGT.Reg(asm.R4, asm.R5, "user"),
-		asm.AddAtomic.Mem(asm.R8, asm.R3, asm.DWord, 0).WithSymbol("fits"),
-		asm.StoreMem(asm.R7, peerChargedOff, asm.R9, asm.DWord),
+		// The new charge replaces the old unless the recharge program
+		// replaced it meanwhile: then that charge stands until the next
+		// verdict, and this one's change is not added, so the total
+		// stays the sum of the directions' charges.
+		asm.Mov.Reg(asm.R0, asm.R2).WithSymbol("fits"),
+		cmpXchg(asm.R7, asm.R9, peerChargedOff),
+		asm.JNE.Reg(asm.R0, asm.R2, "redirect"),
+		asm.AddAtomic.Mem(asm.R8, asm.R3, asm.DWord, 0),
 
-		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word),                   // skb->len
-		asm.AddAtomic.Mem(asm.R7, asm.R2, asm.DWord, peerBytesOff), // peer->bytes += len
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word).WithSymbol("redirect"), // skb->len
+		asm.AddAtomic.Mem(asm.R7, asm.R2, asm.DWord, peerBytesOff),      // peer->bytes += len
 		asm.LoadMem(asm.R3, asm.R7, peerSlotOff, asm.Word),
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.LoadMapPtr(asm.R2, targets.FD()),
@@ -222,6 +228,17 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 		asm.Mov.Imm(asm.R0, skDrop).WithSymbol("drop"),
 		asm.Return(),
 	)
+}
+
+// cmpXchg compares R0 with the 64-bit word at dst+off and, where they
+// are equal, writes src there; R0 is the word as it was. The operation
+// is written into the immediate as well: cilium/ebpf v0.22.0 encodes an
+// atomic instruction's immediate before it derives it from the opcode,
+// so any atomic operation but an add would load as an add.
+func cmpXchg(dst, src asm.Register, off int16) asm.Instruction {
+	ins := asm.CmpXchg.Mem(dst, src, asm.DWord, off)
+	ins.Constant = int64(asm.CmpXchg >> 8)
+	return ins
 }
 
 // lookupTotals looks up the totals map's entry at key; its address is in
