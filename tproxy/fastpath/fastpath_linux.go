@@ -34,6 +34,7 @@ type Path struct {
 	rechargeIter *link.Iter
 	rechargeStop chan struct{}
 	rechargeDone chan struct{}
+	recharged    atomic.Int64 // the passes rechargeLoop ran
 	// chargeMu orders what user space does to charges: a recharge, and
 	// each direction's release.
 	chargeMu sync.Mutex

@@ -132,7 +132,9 @@ func newRecharge(senders, peers, totals *ebpf.Map, writeSeqOff int16) (*ebpf.Pro
 	return prog, it, nil
 }
 
-// recharge runs the recharge program over every TCP socket.
+// recharge runs the recharge program over every TCP socket of the
+// network namespace it runs in (the Path's: a socket elsewhere keeps its
+// charge, too high, never too low).
 // Releases wait for it (chargeMu): a direction released while the
 // program lowers its charge would leave the total short of it.
 func (p *Path) recharge() error {
@@ -167,6 +169,7 @@ func (p *Path) rechargeLoop() {
 			start := time.Now()
 			p.recharge() // a failure leaves charges as they were: too high, never too low
 			wait = max(wait, rechargeShare*time.Since(start))
+			p.recharged.Add(1)
 		}
 		timer.Reset(wait)
 	}

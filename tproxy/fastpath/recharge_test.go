@@ -86,7 +86,8 @@ func TestRechargeRunsNearTheBound(t *testing.T) {
 
 	const n = 3 << 20
 	burst(t, p, client, n, bound/4+1<<20)
-	time.Sleep(3 * rechargeEvery) // recharges run
+	passes := p.recharged.Load()
+	require.Eventually(t, func() bool { return p.recharged.Load() >= passes+2 }, 2*time.Second, 10*time.Millisecond, "no recharge ran")
 	assert.Greater(t, p.Queued(), int64(bound/4+1<<20), "a burst still queued was charged less")
 
 	server.SetReadDeadline(time.Now().Add(5 * time.Second))
