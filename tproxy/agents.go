@@ -1,6 +1,7 @@
 package tproxy
 
 import (
+	"context"
 	"net"
 	"net/netip"
 	"sync"
@@ -12,27 +13,82 @@ import (
 // its agent's policy came to refuse its destination.
 const ReasonPolicyChanged = "policy changed: "
 
-// agentConn is one of an agent's client connections, as Forget and
-// Rejudge find it.
+// ReasonForgotten is why a connection of an agent the proxy was told to
+// forget (Forget) was ended or refused.
+const ReasonForgotten = "the agent was forgotten (removed, or its credentials revoked)"
+
+// agentConn is one of an agent's connections, as Forget and Rejudge find
+// it, from the moment it is identified: while it is judged, dialled or
+// waits for an approval, and while it is relayed. It is the one place
+// both look: a connection that reaches its relay is judged again there,
+// by its agent's policy as it is then (spliced), so that a change that
+// came while it was judged, and that Rejudge could not yet see, still
+// ends it; and a connection forgotten before then never starts.
 type agentConn struct {
+	mu sync.Mutex
+	// conn is the client connection (a CONNECT's, once answered).
 	conn net.Conn
-	mu   sync.Mutex
+	// cancel ends the connection's judging and dialling.
+	cancel context.CancelFunc
+	// forgotten: Forget came; nothing more of the connection may start.
+	forgotten bool
 	// While the connection is spliced: its relay, and why the agent's
 	// policy now refuses the relay's destination ("" if it does not).
 	relay   *relay
 	rejudge func() string
 }
 
+// answered notes the client connection of a CONNECT, once it is taken
+// over, and what ends its tunnel's work from then on; false, and c
+// reset, if the agent was forgotten meanwhile.
+func (ac *agentConn) answered(c net.Conn, cancel context.CancelFunc) bool {
+	ac.mu.Lock()
+	ac.conn, ac.cancel = c, cancel
+	forgotten := ac.forgotten
+	ac.mu.Unlock()
+	if forgotten {
+		reset(c)
+	}
+	return !forgotten
+}
+
 // spliced notes the connection's relay and how to judge it again, until
-// the returned function is called.
+// the returned function is called, and judges it once now: Rejudge
+// looks only at relays it can see, and the policy may have changed since
+// the connection was judged. A connection refused now, or forgotten, is
+// aborted before a byte of it moves.
 func (ac *agentConn) spliced(r *relay, rejudge func() string) (done func()) {
 	ac.mu.Lock()
 	ac.relay, ac.rejudge = r, rejudge
+	forgotten := ac.forgotten
 	ac.mu.Unlock()
+	if forgotten {
+		r.abort(ReasonForgotten)
+	} else if why := rejudge(); why != "" {
+		r.abort(ReasonPolicyChanged + why)
+	}
 	return func() {
 		ac.mu.Lock()
 		ac.relay, ac.rejudge = nil, nil
 		ac.mu.Unlock()
+	}
+}
+
+// forget ends the connection, whatever it is doing: its judging and
+// dialling, its relay, its client connection.
+func (ac *agentConn) forget() {
+	ac.mu.Lock()
+	ac.forgotten = true
+	c, cancel, r := ac.conn, ac.cancel, ac.relay
+	ac.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	if r != nil {
+		r.abort(ReasonForgotten) // both sides: the upstream too, whatever the client's side is doing
+	}
+	if c != nil {
+		reset(c)
 	}
 }
 
@@ -52,15 +108,17 @@ func (set *connSet) snapshot() []*agentConn {
 	return out
 }
 
-// trackAgentConn remembers c as one of agent's, for Forget and
-// Rejudge, until untrack is called.
-func (p *Proxy) trackAgentConn(agent string, c net.Conn) (ac *agentConn, untrack func()) {
+// trackAgentConn remembers a connection as one of agent's, for Forget
+// and Rejudge, until untrack is called: c is its client connection (nil
+// for a CONNECT not yet answered: see answered), cancel ends its judging
+// and dialling.
+func (p *Proxy) trackAgentConn(agent string, c net.Conn, cancel context.CancelFunc) (ac *agentConn, untrack func()) {
 	v, ok := p.agentConns.Load(agent)
 	if !ok {
 		v, _ = p.agentConns.LoadOrStore(agent, &connSet{m: map[*agentConn]struct{}{}})
 	}
 	set := v.(*connSet)
-	ac = &agentConn{conn: c}
+	ac = &agentConn{conn: c, cancel: cancel}
 	set.mu.Lock()
 	set.m[ac] = struct{}{}
 	set.mu.Unlock()
@@ -71,17 +129,17 @@ func (p *Proxy) trackAgentConn(agent string, c net.Conn) (ac *agentConn, untrack
 	}
 }
 
-// Forget closes every connection the proxy holds for agent: its
-// tunnels and its spliced and intercepted connections. Call it when an
-// agent is removed, or its credentials revoked: what it opened before
-// must not outlive it.
+// Forget ends every connection the proxy holds for agent: its tunnels,
+// its spliced and intercepted connections, and those still being judged,
+// dialled or waiting for an approval. Call it when an agent is removed,
+// or its credentials revoked: what it opened before must not outlive it.
 func (p *Proxy) Forget(agent string) {
 	v, ok := p.agentConns.LoadAndDelete(agent) // a removed agent's set goes with it
 	if !ok {
 		return
 	}
 	for _, ac := range v.(*connSet).snapshot() {
-		reset(ac.conn)
+		ac.forget()
 	}
 }
 

@@ -64,7 +64,14 @@
 // A connection on a port where no destination could be allowed is
 // refused before its client speaks. When an agent's policy changes,
 // Proxy.Rejudge ends the spliced connections it now refuses; Forget
-// ends all of an agent's connections.
+// ends all of an agent's connections. Both find a connection in one
+// place, its agentConn, from the moment its agent is known: while it is
+// judged, dialled or waits for an approval as while it is relayed. A
+// connection is judged again as its relay starts (agentConn.spliced),
+// before a byte of it moves, by the policy as it is then, so that a
+// change that came while it was judged ends it too; a forgotten one
+// never starts (TestPolicyChangeWhileJudged, TestForgetWhileDialling,
+// TestPolicyChangeWhileDialling, TestForgetEndsTheUpstreamToo).
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.

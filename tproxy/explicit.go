@@ -287,9 +287,16 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 	}
 	agent, pol := who.agent, who.pol
 	rec.Agent = agent
+	// Forget finds the request from now on: while it waits for an
+	// approval or its dial, as later in its tunnel.
+	reqCtx, cancelReq := context.WithCancel(r.Context())
+	defer cancelReq()
+	tracked, untrack := p.trackAgentConn(agent, nil, cancelReq)
+	defer untrack()
+	forgotten := func() bool { return reqCtx.Err() != nil && r.Context().Err() == nil }
 
 	s := &session{p: p, client: nil, agent: agent, pol: pol, current: who.current, notes: notes, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
-	dialCtx := egresslog.WithNotes(policy.WithAgent(r.Context(), agent), notes)
+	dialCtx := egresslog.WithNotes(policy.WithAgent(reqCtx, agent), notes)
 	var t target
 	var d policy.Decision
 	switch a, err := netguard.ParseLiteral(host); {
@@ -320,8 +327,12 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 		t, d = decideName(pol, host, uint16(port))
 		if p.Approver != nil && d.Askable {
 			stop := w.whileWaiting()
-			t, d = p.askFor(r.Context(), agent, who.current, t, d, uint16(port), egresslog.KindConnect)
+			t, d = p.askFor(reqCtx, agent, who.current, t, d, uint16(port), egresslog.KindConnect)
 			stop()
+			if forgotten() {
+				refuse(denied(http.StatusForbidden, ReasonForgotten))
+				return
+			}
 		}
 		rec.Rule = d.Rule
 		if !d.Allowed {
@@ -351,6 +362,13 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 	} else {
 		up, err = p.dial(dialCtx, pol, t)
 	}
+	if forgotten() {
+		if up != nil {
+			up.Close()
+		}
+		refuse(denied(http.StatusForbidden, ReasonForgotten))
+		return
+	}
 	if err != nil {
 		refuse(dialAnswer(err))
 		return
@@ -371,6 +389,16 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 		refuse(answer{status: http.StatusInternalServerError, errType: "proxy_internal_error", why: "cannot take over the connection: " + err.Error()})
 		return
 	}
+	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
+	defer cancel()
+	if !tracked.answered(conn, cancel) {
+		if up != nil {
+			up.Close()
+		}
+		rec.Reason, rec.Duration = ReasonForgotten, time.Since(start)
+		p.record(rec)
+		return
+	}
 	if _, err := conn.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n")); err != nil {
 		if up != nil {
 			up.Close()
@@ -380,11 +408,7 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 		conn.Close()
 		return
 	}
-	tracked, untrack := p.trackAgentConn(agent, conn)
-	defer untrack()
 	buffered, _ := br.Peek(br.Buffered())
-	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
-	defer cancel()
 	s.ctx, s.client, s.tracked = ctx, conn, tracked
 	// Dialled already, or, when intercepted, dialled only for other TCP.
 	s.predial = &predial{target: t, conn: up}

@@ -165,11 +165,10 @@ func (s *session) relay(a *allowed) {
 		defer s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), a.target, rec.Addr) })()
 	}
 
-	rec.BytesUp, rec.BytesDown = int64(len(a.clientBytes)), int64(len(a.upBytes))
 	var err error
-	if err = writeAll(a.up, a.clientBytes); err != nil {
+	if rec.BytesUp, err = writeAll(a.up, a.clientBytes); err != nil {
 		r.abort(fmt.Sprintf("client->upstream: %v", err))
-	} else if err = writeAll(s.client, a.upBytes); err != nil {
+	} else if rec.BytesDown, err = writeAll(s.client, a.upBytes); err != nil {
 		r.abort(fmt.Sprintf("upstream->client: %v", err))
 	} else {
 		a.clientBytes, a.upBytes = nil, nil // counted, and let go of
@@ -221,12 +220,13 @@ func (s *session) endRelay(r *relay, rec *egresslog.Record, conn *egresslog.Conn
 	r.up.Close()
 }
 
-func writeAll(c net.Conn, b []byte) error {
+// writeAll writes b to c and says how many of its bytes went.
+func writeAll(c net.Conn, b []byte) (int64, error) {
 	if len(b) == 0 {
-		return nil
+		return 0, nil
 	}
-	_, err := c.Write(b)
-	return err
+	n, err := c.Write(b)
+	return int64(n), err
 }
 
 // run moves both ways until both are done, and says how

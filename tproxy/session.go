@@ -204,7 +204,10 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 		return
 	}
 	defer release()
-	tracked, untrack := p.trackAgentConn(agent, c)
+	notes := new(egresslog.Notes)
+	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
+	defer cancel()
+	tracked, untrack := p.trackAgentConn(agent, c, cancel)
 	defer untrack()
 	origDst := p.OriginalDst
 	if origDst == nil {
@@ -225,9 +228,6 @@ func (p *Proxy) serveTransparent(c net.Conn) {
 	if p.Names != nil {
 		names = p.Names(agent, dst.Addr())
 	}
-	notes := new(egresslog.Notes)
-	ctx, cancel := context.WithCancel(egresslog.WithNotes(policy.WithAgent(p.baseCtx, agent), notes))
-	defer cancel()
 	s := &session{p: p, ctx: ctx, client: c, agent: agent, pol: pol, current: p.currentFor(agent, src.Addr()), tracked: tracked,
 		notes: notes, src: src, dst: dst, names: names, start: start}
 	s.runAndRelay(nil)
@@ -565,6 +565,12 @@ func (s *session) run(buffered []byte) {
 		// first still gets the connection.
 	}
 
+	// Judged by the agent's policy as it is now, not as it was when the
+	// client connected: it may have changed while the client was silent.
+	if s.pol = s.current(); s.pol == nil {
+		s.deny(sp.target, policy.Decision{Reason: policy.ReasonNoPolicy}, "")
+		return
+	}
 	switch sniff(buf) {
 	case protoTLS:
 		s.serveTLS(&buf, &sp)

@@ -2,6 +2,7 @@ package tproxy
 
 import (
 	"errors"
+	"math"
 	"net"
 	"syscall"
 	"time"
@@ -31,13 +32,16 @@ func (r *relay) idle() time.Duration {
 	return r.sinceActive()
 }
 
-// idleFor returns how long ago c last received data, or 0 if unknown.
+// idleFor returns how long ago c last received data. A socket that
+// cannot say (closed, by Forget or a failure) receives nothing more: it
+// is idle without end, so that its relay's other side is not held open
+// by it.
 func idleFor(c *net.TCPConn) time.Duration {
+	d := time.Duration(math.MaxInt64)
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return 0
+		return d
 	}
-	var d time.Duration
 	rc.Control(func(fd uintptr) {
 		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
 			d = time.Duration(info.Last_data_recv) * time.Millisecond
