@@ -35,7 +35,9 @@
 // queue full stays on the relay. TCP urgent data (MSG_OOB) is passed on
 // as urgent data at its place in the stream (splice stops at the urgent
 // mark), and a connection that carried it stays on the relay, since the
-// kernel path would pass it inline. Server-first protocols work: while the
+// kernel path would pass it inline (as it passes an urgent byte that
+// comes in the moment between the relay's last look and the handover, or
+// after). Server-first protocols work: while the
 // client is silent the proxy has already dialled the name the agent
 // resolved, and the server's greeting flows. TLS for hosts an Interceptor
 // claims (mitm) is handed over with the bytes already read.

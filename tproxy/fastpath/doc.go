@@ -47,9 +47,11 @@
 // count, against what the caller had read before the splice): recvmsg
 // reads the end while bytes the verdict left to user space may still
 // wait in the kernel's backlog (TestEndSeenBeforeTheLastBytes). A socket
-// whose urgent data (MSG_OOB) waits unread is refused (ErrUrgentData);
-// urgent data that comes later is passed on inline, as an ordinary byte:
-// a stream verdict sees no TCP flags.
+// whose urgent data (MSG_OOB) waits unread is refused (ErrUrgentData),
+// unless it reads urgent data inline (SO_OOBINLINE, as tproxy's relay
+// sets it): then the kernel tells nothing of it, and no byte is lost, as
+// none is for urgent data that comes later, which is passed on inline, as
+// an ordinary byte: a stream verdict sees no TCP flags.
 //
 // It is Linux only, needs CAP_BPF and CAP_NET_ADMIN (or root) and the
 // kernel's BTF, and is optional: New fails with a reason without them,

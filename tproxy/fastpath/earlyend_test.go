@@ -102,3 +102,37 @@ func TestSpliceRefusesWaitingUrgentData(t *testing.T) {
 	require.NoError(t, err)
 	pr.Remove()
 }
+
+// TestInlineUrgentDataAtTheSplice: a socket that reads urgent data inline
+// (SO_OOBINLINE, as tproxy's relay sets it) joins the kernel path with
+// its urgent byte waiting, and that byte goes on inline, in its place:
+// nothing is lost, nothing cut short.
+func TestInlineUrgentDataAtTheSplice(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	require.NoError(t, withFD(a, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_OOBINLINE, 1) }))
+	_, err := client.Write([]byte("before"))
+	require.NoError(t, err)
+	require.NoError(t, withFD(client, func(fd int) error { return unix.Sendto(fd, []byte("!"), unix.MSG_OOB, nil) }))
+	_, err = client.Write([]byte("after"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		withFD(a, func(fd int) error { n, _ = unix.IoctlGetInt(fd, unix.SIOCINQ); return nil })
+		return n == len("before!after")
+	}, 5*time.Second, time.Millisecond, "the bytes never all arrived")
+
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	ran := runInBackground(pr, a, b)
+	require.NoError(t, client.CloseWrite())
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(server)
+	require.NoError(t, err)
+	assert.Equal(t, "before!after", string(got))
+	server.Close()
+	r := <-ran
+	require.NoError(t, r.err)
+	assert.EqualValues(t, len("before!after"), r.up)
+}

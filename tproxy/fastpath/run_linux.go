@@ -334,7 +334,10 @@ func (pr *Pair) moved(i int) int64 {
 // ErrUrgentData refuses a socket whose TCP urgent data (MSG_OOB) waits
 // to be read: its receive queue cannot be measured (the kernel counts it
 // only up to the urgent mark), and the kernel path would pass the urgent
-// byte on as an ordinary one.
+// byte on as an ordinary one. A socket that reads urgent data inline
+// (SO_OOBINLINE) is measured whole, and the kernel answers no urgent
+// read on it: its urgent byte goes on inline, as one that comes after the
+// splice does.
 var ErrUrgentData = errors.New("fastpath: urgent data waits to be read")
 
 // taken is how many bytes the reader of c has taken so far: all it
