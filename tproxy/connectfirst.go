@@ -231,24 +231,41 @@ func (rr *rawReply) hijack() (net.Conn, *bufio.Reader, error) {
 }
 
 // whileWaiting ends the request's context if the client goes (its
-// end, or a reset) before stop is called, and stops watching once the
-// client sends a byte: net/http's server watches so, reading ahead. It
-// is asked for only around a wait that nothing else bounds (an approval),
-// so that a tunnel's ordinary path pays for no watcher.
+// end, or a reset) before stop is called. It is asked for only around a
+// wait that nothing else bounds (an approval), so that a tunnel's
+// ordinary path pays for no watcher. It waits for the client's first
+// byte; once bytes wait (a client that spoke ahead of its answer, whose
+// end a peek no longer shows), it asks the socket's state every
+// goneEvery, where the system can say (clientGone), so that a client
+// gone after one byte does not keep its approval waiting.
 func (rr *rawReply) whileWaiting() (stop func()) {
-	done := make(chan struct{})
+	done, stopping := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		if gone, err := awaitBytes(rr.c); gone && err == nil {
+		gone, err := awaitBytes(rr.c)
+		for err == nil && !gone {
+			select {
+			case <-stopping:
+				return
+			case <-time.After(goneEvery):
+			}
+			gone, err = clientGone(rr.c)
+		}
+		if gone && err == nil {
 			rr.cancel()
 		}
 	}()
 	return func() {
+		close(stopping)
 		rr.c.SetReadDeadline(time.Unix(1, 0))
 		<-done
 		rr.c.SetReadDeadline(time.Time{})
 	}
 }
+
+// goneEvery is how often whileWaiting asks whether a client that spoke
+// ahead is still there.
+const goneEvery = 100 * time.Millisecond
 
 // close ends a connection that was not hijacked.
 func (rr *rawReply) close() {

@@ -203,6 +203,13 @@ func TestApprovalEndsWithItsClient(t *testing.T) {
 		connect().Close()
 		gone("after its client went")
 	}
+	// A client that spoke ahead of its answer, then went: its byte waits
+	// unread, and a peek no longer shows its end.
+	ahead := connect()
+	_, err := ahead.Write([]byte("x"))
+	require.NoError(t, err)
+	ahead.Close()
+	gone("after its client sent a byte ahead and went")
 	require.Eventually(t, func() bool { // once its refusal is done, the source's count is given back
 		n := 0
 		w.proxy.explicitCounted.Range(func(any, any) bool { n++; return true })

@@ -32,6 +32,34 @@ func (r *relay) idle() time.Duration {
 	return r.sinceActive()
 }
 
+// clientGone says whether c's peer has ended its side or reset it,
+// whatever bytes wait to be read.
+func clientGone(c net.Conn) (bool, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return false, errors.ErrUnsupported
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false, err
+	}
+	var gone bool
+	var infoErr error
+	if err := rc.Control(func(fd uintptr) {
+		if e, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
+			gone = true
+			return
+		}
+		var info *unix.TCPInfo
+		if info, infoErr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); infoErr == nil {
+			gone = info.State != unix.BPF_TCP_ESTABLISHED
+		}
+	}); err != nil {
+		return true, nil // closed
+	}
+	return gone, infoErr
+}
+
 // idleFor returns how long ago c last received data. A socket that
 // cannot say (closed, by Forget or a failure) receives nothing more: it
 // is idle without end, so that its relay's other side is not held open

@@ -23,6 +23,9 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (int64, stop, bool, error)
 	return 0, running, false, errors.ErrUnsupported
 }
 
+// clientGone cannot say, here, whether a peer that sent bytes has gone.
+func clientGone(net.Conn) (bool, error) { return false, errors.ErrUnsupported }
+
 // urgentInline does nothing: urgent data is read as the system reads it.
 func urgentInline(c *net.TCPConn) {}
 
