@@ -6,6 +6,7 @@ import (
 	"net"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -145,14 +146,15 @@ func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int
 		var spliceErr error
 		var urgent byte
 		var atMark bool
-		// Fill a pipe from src; wait, holding no pipe, while src is empty.
+		// Fill a pipe from src (fillPipe); wait, holding no pipe, while
+		// src is empty.
 		err := srcRaw.Read(func(fd uintptr) bool {
 			if p == nil {
 				if p, spliceErr = getPipe(); spliceErr != nil {
 					return true
 				}
 			}
-			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(int64(pace.chunk(pipeSize)), limit-total)))
+			inPipe, spliceErr = fillPipe(p, int(fd), dstRaw, int(min(int64(pace.chunk(pipeSize)), limit-total)))
 			if inPipe <= 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
 				if urgent, atMark, spliceErr = takeUrgent(int(fd), spliceErr); atMark {
 					return true
@@ -196,6 +198,55 @@ func (r *relay) spliceCopy(dst, src *net.TCPConn, pace *pacer, limit int64) (int
 		pace.moved(int64(inPipe))
 	}
 	return total, nil
+}
+
+// fillPipe splices up to want bytes from the socket src into p: minFill
+// at first, and more only as far as dst's send buffer has room for them
+// now. So bytes a destination does not take wait in the source's receive
+// queue, where TCP counts them and its window holds the sender back,
+// rather than in a pipe, which nothing bounds (1 MiB a direction, for
+// every connection whose reader stalls). A connection whose bytes come a
+// few at a time asks nothing of dst.
+func fillPipe(p *pipe, src int, dst syscall.RawConn, want int) (int, error) {
+	n, err := spliceRetry(src, p.w, min(want, minFill))
+	if err != nil || n < minFill || want <= minFill {
+		return n, err
+	}
+	room, err := sendRoom(dst)
+	if err != nil || room <= int64(n) {
+		return n, nil // what is in the pipe goes first; an error comes again
+	}
+	// src's end, its urgent mark or its error, if this meets them, is
+	// the next fill's.
+	if m, _ := spliceRetry(src, p.w, int(min(int64(want), room))-n); m > 0 {
+		n += m
+	}
+	return n, nil
+}
+
+// minFill is what a pipe is filled with before dst's room is asked: no
+// more than a destination that never takes it should hold, and enough
+// that a connection moving little asks nothing more.
+const minFill = 16 << 10
+
+// sendRoom is what dst's send buffer can take now: its size less what it
+// holds, as the kernel counts both.
+func sendRoom(dst syscall.RawConn) (int64, error) {
+	var mem [unix.SK_MEMINFO_VARS]uint32
+	var sockErr error
+	if err := dst.Control(func(fd uintptr) {
+		size := uint32(unsafe.Sizeof(mem))
+		if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_SOCKET, unix.SO_MEMINFO,
+			uintptr(unsafe.Pointer(&mem[0])), uintptr(unsafe.Pointer(&size)), 0); e != 0 {
+			sockErr = e
+		}
+	}); err != nil {
+		return 0, err
+	}
+	if sockErr != nil {
+		return 0, sockErr
+	}
+	return int64(mem[unix.SK_MEMINFO_SNDBUF]) - int64(mem[unix.SK_MEMINFO_WMEM_QUEUED]), nil
 }
 
 // drain moves the n bytes the pipe holds into dst, waiting while dst's
