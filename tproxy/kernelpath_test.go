@@ -5,6 +5,7 @@ package tproxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -321,8 +323,19 @@ func ptr[T any](v T) *T { return &v }
 // the kernel's tuning of them).
 func tcpPair(t *testing.T, size int) (dialled, accepted *net.TCPConn) {
 	t.Helper()
-	ln := listenLoop(t, "127.0.0.1:0")
-	c, err := net.Dial("tcp", ln.Addr().String())
+	// Segments of an Ethernet's size: with loopback's (64 KiB), a
+	// receive window smaller than one segment stalls TCP itself, whatever
+	// the relay does (the sender waits on its persist timer, backing off).
+	ethernetSegments := func(_, _ string, rc syscall.RawConn) error {
+		var err error
+		rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG, 1448) })
+		return err
+	}
+	l, err := (&net.ListenConfig{Control: ethernetSegments}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ln := l
+	t.Cleanup(func() { ln.Close() })
+	c, err := (&net.Dialer{Control: ethernetSegments}).Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
 	s, err := ln.Accept()
 	require.NoError(t, err)

@@ -292,7 +292,7 @@ func (r *relay) flush(dst, src net.Conn, limit int64) (n int64, at stop, ended b
 		var atMark bool
 		// Control, not Read: the handover's deadline has passed.
 		if err := srcRaw.Control(func(fd uintptr) {
-			inPipe, spliceErr = spliceRetry(int(fd), p.w, int(min(pipeSize, limit-n)))
+			inPipe, spliceErr = fillPipe(p, int(fd), dstRaw, int(min(pipeSize, limit-n)))
 			if inPipe <= 0 && (spliceErr == nil || spliceErr == unix.EAGAIN) {
 				urgent, atMark, spliceErr = takeUrgent(int(fd), spliceErr)
 			}
