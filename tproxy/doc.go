@@ -71,7 +71,8 @@
 // judged, dialled or waits for an approval as while it is relayed. A
 // connection is judged again as its relay starts (agentConn.spliced),
 // before a byte of it moves, by the policy as it is then, so that a
-// change that came while it was judged ends it too; a forgotten one
+// change that came while it was judged (or while its client was silent)
+// ends it too; a forgotten one
 // never starts (TestPolicyChangeWhileJudged, TestForgetWhileDialling,
 // TestPolicyChangeWhileDialling, TestForgetEndsTheUpstreamToo).
 //

@@ -565,12 +565,6 @@ func (s *session) run(buffered []byte) {
 		// first still gets the connection.
 	}
 
-	// Judged by the agent's policy as it is now, not as it was when the
-	// client connected: it may have changed while the client was silent.
-	if s.pol = s.current(); s.pol == nil {
-		s.deny(sp.target, policy.Decision{Reason: policy.ReasonNoPolicy}, "")
-		return
-	}
 	switch sniff(buf) {
 	case protoTLS:
 		s.serveTLS(&buf, &sp)
