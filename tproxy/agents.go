@@ -56,22 +56,24 @@ func (ac *agentConn) answered(c net.Conn, cancel context.CancelFunc) bool {
 // the returned function is called, and judges it once now: Rejudge
 // looks only at relays it can see, and the policy may have changed since
 // the connection was judged. A connection refused now, or forgotten, is
-// aborted before a byte of it moves.
-func (ac *agentConn) spliced(r *relay, rejudge func() string) (done func()) {
+// aborted before a byte of it moves (refused), and is to be recorded so.
+func (ac *agentConn) spliced(r *relay, rejudge func() string) (done func(), refused bool) {
 	ac.mu.Lock()
 	ac.relay, ac.rejudge = r, rejudge
 	forgotten := ac.forgotten
 	ac.mu.Unlock()
 	if forgotten {
 		r.abort(ReasonForgotten)
+		refused = true
 	} else if why := rejudge(); why != "" {
 		r.abort(ReasonPolicyChanged + why)
+		refused = true
 	}
 	return func() {
 		ac.mu.Lock()
 		ac.relay, ac.rejudge = nil, nil
 		ac.mu.Unlock()
-	}
+	}, refused
 }
 
 // forget ends the connection, whatever it is doing: its judging and

@@ -43,6 +43,8 @@ func TestPolicyChangeWhileJudged(t *testing.T) {
 	tc.SetDeadline(time.Now().Add(5 * time.Second))
 	assert.Error(t, tc.Handshake(), "a host the change took away was reached")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "blocked.test" && !r.Open })
+	assert.False(t, r.Allowed, "record %+v", r)
+	assert.Empty(t, r.Rule, "a rule the change took away: record %+v", r)
 	assert.Contains(t, r.Reason, ReasonPolicyChanged+policy.ReasonNoRule, "record %+v", r)
 	assert.Zero(t, r.BytesUp, "bytes went up: record %+v", r)
 
@@ -52,6 +54,7 @@ func TestPolicyChangeWhileJudged(t *testing.T) {
 	assert.Empty(t, got, "the server answered bytes the change refused")
 	assert.Error(t, err, "the connection was not reset")
 	r = w.waitRecord(func(r egresslog.Record) bool { return r.Host == "svc.test" && !r.Open })
+	assert.False(t, r.Allowed, "record %+v", r)
 	assert.Contains(t, r.Reason, ReasonPolicyChanged+policy.ReasonNoRule, "record %+v", r)
 	assert.Zero(t, r.BytesUp, "bytes went up: record %+v", r)
 }
@@ -144,6 +147,7 @@ func TestPolicyChangeWhileDialling(t *testing.T) {
 	}
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "slow.test" && !r.Open })
 	assert.True(t, strings.HasPrefix(r.Reason, ReasonPolicyChanged), "record %+v", r)
+	assert.False(t, r.Allowed, "record %+v", r)
 	assert.Zero(t, r.BytesUp, "bytes went up: record %+v", r)
 }
 

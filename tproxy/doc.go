@@ -72,8 +72,8 @@
 // connection is judged again as its relay starts (agentConn.spliced),
 // before a byte of it moves, by the policy as it is then, so that a
 // change that came while it was judged (or while its client was silent)
-// ends it too; a forgotten one
-// never starts (TestPolicyChangeWhileJudged, TestForgetWhileDialling,
+// ends it too, recorded as refused; a forgotten one never starts
+// (TestPolicyChangeWhileJudged, TestForgetWhileDialling,
 // TestPolicyChangeWhileDialling, TestForgetEndsTheUpstreamToo).
 //
 // The redirect rules that feed the transparent proxy are in the package

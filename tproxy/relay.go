@@ -162,7 +162,11 @@ func (s *session) relay(a *allowed) {
 	s.p.relays.add(r)
 	defer s.p.relays.remove(r)
 	if s.tracked != nil {
-		defer s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), a.target, rec.Addr) })()
+		done, refused := s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), a.target, rec.Addr) })
+		defer done()
+		if refused { // by a policy or a Forget that came while it was judged: no rule allows it now
+			rec.Allowed, rec.Rule = false, ""
+		}
 	}
 
 	var err error
