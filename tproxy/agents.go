@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 
 	"github.com/agenthold/egress/policy"
 )
@@ -17,24 +18,28 @@ const ReasonPolicyChanged = "policy changed: "
 // forget (Forget) was ended or refused.
 const ReasonForgotten = "the agent was forgotten (removed, or its credentials revoked)"
 
-// agentConn is one of an agent's connections, as Forget and Rejudge find
-// it, from the moment it is identified: while it is judged, dialled or
-// waits for an approval, and while it is relayed. It is the one place
-// both look: a connection that reaches its relay is judged again there,
-// by its agent's policy as it is then (spliced), so that a change that
-// came while it was judged, and that Rejudge could not yet see, still
-// ends it; and a connection forgotten before then never starts.
+// agentConn is one of an agent's connections (or, for plain HTTP, one
+// request), as Forget and Rejudge find it, from the moment its agent is
+// known: while it is judged, dialled or waits for an approval, and while
+// its bytes move. It is the one place both look: whatever moves a
+// connection's bytes (a relay, spliced or on the kernel path; the
+// Interceptor; the HTTP forwarder, an upgrade's tunnel too) registers
+// with it as it starts (moving), and is judged there again, by its
+// agent's policy as it is then, so that a change that came while it was
+// judged, and that Rejudge could not yet see, still ends it; and a
+// connection forgotten before then never starts.
 type agentConn struct {
 	mu sync.Mutex
-	// conn is the client connection (a CONNECT's, once answered).
+	// conn is the client connection (a CONNECT's, once answered; none
+	// for a plain HTTP request, whose connection may carry others').
 	conn net.Conn
 	// cancel ends the connection's judging and dialling.
 	cancel context.CancelFunc
 	// forgotten: Forget came; nothing more of the connection may start.
 	forgotten bool
-	// While the connection is spliced: its relay, and why the agent's
-	// policy now refuses the relay's destination ("" if it does not).
-	relay   *relay
+	// While its bytes move: what ends them, saying why, and why its
+	// agent's policy now refuses them ("" if it does not).
+	end     func(why string)
 	rejudge func() string
 }
 
@@ -52,52 +57,120 @@ func (ac *agentConn) answered(c net.Conn, cancel context.CancelFunc) bool {
 	return !forgotten
 }
 
-// spliced notes the connection's relay and how to judge it again, until
-// the returned function is called, and judges it once now: Rejudge
-// looks only at relays it can see, and the policy may have changed since
-// the connection was judged. A connection refused now, or forgotten, is
-// aborted before a byte of it moves (refused), and is to be recorded so.
-func (ac *agentConn) spliced(r *relay, rejudge func() string) (done func(), refused bool) {
+// gone reports whether the connection's agent was forgotten.
+func (ac *agentConn) gone() bool {
 	ac.mu.Lock()
-	ac.relay, ac.rejudge = r, rejudge
+	defer ac.mu.Unlock()
+	return ac.forgotten
+}
+
+// moving notes what ends the connection's bytes and how to judge them
+// again, until the returned function is called, and judges them once
+// now: Rejudge looks only at what moves, and the policy may have changed
+// since the connection was judged. A connection refused now, or
+// forgotten, is ended (end, with why) before a byte of it moves
+// (refused), and is to be recorded so.
+func (ac *agentConn) moving(end func(why string), rejudge func() string) (done func(), refused bool) {
+	ac.mu.Lock()
+	ac.end, ac.rejudge = end, rejudge
 	forgotten := ac.forgotten
 	ac.mu.Unlock()
 	if forgotten {
-		r.abort(ReasonForgotten)
+		end(ReasonForgotten)
 		refused = true
 	} else if why := rejudge(); why != "" {
-		r.abort(ReasonPolicyChanged + why)
+		end(ReasonPolicyChanged + why)
 		refused = true
 	}
 	return func() {
 		ac.mu.Lock()
-		ac.relay, ac.rejudge = nil, nil
+		ac.end, ac.rejudge = nil, nil
 		ac.mu.Unlock()
 	}, refused
 }
 
-// forget ends the connection, whatever it is doing: its judging and
-// dialling, its relay, its client connection.
-func (ac *agentConn) forget() {
+// endMoving ends what moves the connection's bytes, if anything does,
+// saying that its agent was forgotten: a relay's upstream too, whatever
+// its client's side is doing.
+func (ac *agentConn) endMoving() {
 	ac.mu.Lock()
-	ac.forgotten = true
-	c, cancel, r := ac.conn, ac.cancel, ac.relay
+	end := ac.end
+	ac.mu.Unlock()
+	if end != nil {
+		end(ReasonForgotten)
+	}
+}
+
+// endConn ends the rest of a forgotten connection: its judging and
+// dialling, its client connection.
+func (ac *agentConn) endConn() {
+	ac.mu.Lock()
+	c, cancel := ac.conn, ac.cancel
 	ac.mu.Unlock()
 	if cancel != nil {
 		cancel()
-	}
-	if r != nil {
-		r.abort(ReasonForgotten) // both sides: the upstream too, whatever the client's side is doing
 	}
 	if c != nil {
 		reset(c)
 	}
 }
 
-// connSet is an agent's connections.
+// ending is why something moving a connection's bytes was ended (the
+// first reason given) and what ends it, for those that keep no reason
+// of their own.
+type ending struct {
+	why  atomic.Pointer[string]
+	stop func()
+}
+
+func (e *ending) end(why string) {
+	e.why.CompareAndSwap(nil, &why)
+	e.stop()
+}
+
+// reason is why it was ended, and whether it was.
+func (e *ending) reason() (string, bool) {
+	if why := e.why.Load(); why != nil {
+		return *why, true
+	}
+	return "", false
+}
+
+// connSet is an agent's connections. Once Forget has taken it (closed),
+// it takes no more: a connection tracked then goes into the agent's next
+// set, which a later Forget finds.
 type connSet struct {
-	mu sync.Mutex
-	m  map[*agentConn]struct{}
+	mu     sync.Mutex
+	m      map[*agentConn]struct{}
+	closed bool
+}
+
+// add puts ac in the set, unless Forget has taken it.
+func (set *connSet) add(ac *agentConn) bool {
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	if set.closed {
+		return false
+	}
+	set.m[ac] = struct{}{}
+	return true
+}
+
+// close takes the set for Forget: it takes no more connections, and
+// those it has are all forgotten before any is ended, so that one ended
+// first (a connection) finds another it carries (a request on it)
+// forgotten already, whichever way that one ends.
+func (set *connSet) close() []*agentConn {
+	set.mu.Lock()
+	set.closed = true
+	set.mu.Unlock()
+	acs := set.snapshot()
+	for _, ac := range acs {
+		ac.mu.Lock()
+		ac.forgotten = true
+		ac.mu.Unlock()
+	}
+	return acs
 }
 
 func (set *connSet) snapshot() []*agentConn {
@@ -110,20 +183,25 @@ func (set *connSet) snapshot() []*agentConn {
 	return out
 }
 
+// agentSet is agent's set of connections, made if it has none.
+func (p *Proxy) agentSet(agent string) *connSet {
+	v, ok := p.agentConns.Load(agent)
+	if !ok {
+		v, _ = p.agentConns.LoadOrStore(agent, &connSet{m: map[*agentConn]struct{}{}})
+	}
+	return v.(*connSet)
+}
+
 // trackAgentConn remembers a connection as one of agent's, for Forget
 // and Rejudge, until untrack is called: c is its client connection (nil
 // for a CONNECT not yet answered: see answered), cancel ends its judging
 // and dialling.
 func (p *Proxy) trackAgentConn(agent string, c net.Conn, cancel context.CancelFunc) (ac *agentConn, untrack func()) {
-	v, ok := p.agentConns.Load(agent)
-	if !ok {
-		v, _ = p.agentConns.LoadOrStore(agent, &connSet{m: map[*agentConn]struct{}{}})
-	}
-	set := v.(*connSet)
 	ac = &agentConn{conn: c, cancel: cancel}
-	set.mu.Lock()
-	set.m[ac] = struct{}{}
-	set.mu.Unlock()
+	set := p.agentSet(agent)
+	for !set.add(ac) { // taken by a Forget under way: the agent's next set
+		set = p.agentSet(agent)
+	}
 	return ac, func() {
 		set.mu.Lock()
 		delete(set.m, ac)
@@ -140,16 +218,25 @@ func (p *Proxy) Forget(agent string) {
 	if !ok {
 		return
 	}
-	for _, ac := range v.(*connSet).snapshot() {
-		ac.forget()
+	acs := v.(*connSet).close()
+	// What moves bytes first, so that each says why it ended, rather than
+	// end by the reset of a connection that carries it (an HTTP request
+	// on a transparent connection).
+	for _, ac := range acs {
+		ac.endMoving()
+	}
+	for _, ac := range acs {
+		ac.endConn()
 	}
 }
 
-// Rejudge judges agent's spliced connections again, by the policy its
-// source now finds, and ends those whose destination it refuses. Call it
-// when an agent's policy changes: a connection opened before the change
-// must not keep what the change took away. (HTTP requests, plain or
-// intercepted, are judged one by one anyway.)
+// Rejudge judges again what moves agent's bytes, by the policy its
+// source (or its credentials) now finds, and ends what that refuses: a
+// spliced connection (its destination), an intercepted one (its host;
+// its requests are judged one by one anyway), a plain HTTP request being
+// forwarded, a long stream or an upgrade's tunnel (its host, method and
+// path). Call it when an agent's policy changes: what was opened before
+// the change must not keep what the change took away.
 func (p *Proxy) Rejudge(agent string) {
 	v, ok := p.agentConns.Load(agent)
 	if !ok {
@@ -157,13 +244,13 @@ func (p *Proxy) Rejudge(agent string) {
 	}
 	for _, ac := range v.(*connSet).snapshot() {
 		ac.mu.Lock()
-		r, rejudge := ac.relay, ac.rejudge
+		end, rejudge := ac.end, ac.rejudge
 		ac.mu.Unlock()
-		if r == nil {
+		if end == nil {
 			continue
 		}
 		if why := rejudge(); why != "" {
-			r.abort(ReasonPolicyChanged + why)
+			end(ReasonPolicyChanged + why)
 		}
 	}
 }
@@ -180,10 +267,11 @@ func (p *Proxy) currentFor(agent string, src netip.Addr) policy.Current {
 	}
 }
 
-// rejudgeTarget says why pol refuses t now, dialled at up, or "".
-func rejudgeTarget(pol *policy.Policy, t target, up netip.AddrPort) string {
+// refusedNow says why pol refuses t now as a destination ("" if it
+// does not), and whether it would have its requests judged.
+func refusedNow(pol *policy.Policy, t target) (why string, requests bool) {
 	if pol == nil {
-		return policy.ReasonNoPolicy
+		return policy.ReasonNoPolicy, false
 	}
 	var d policy.Decision
 	if t.host != "" {
@@ -193,15 +281,47 @@ func rejudgeTarget(pol *policy.Policy, t target, up netip.AddrPort) string {
 	}
 	if !d.Allowed {
 		if t.decision.Approved && d.Askable {
-			return "" // approved, and still the approver's to decide
+			return "", false // approved, and still the approver's to decide
 		}
-		return d.Reason
+		return d.Reason, false
 	}
-	if d.Requests { // its requests must now be seen, and a spliced connection's are not
+	return "", d.Requests
+}
+
+// rejudgeSpliced says why pol refuses now a spliced connection to t,
+// dialled at up, or "".
+func rejudgeSpliced(pol *policy.Policy, t target, up netip.AddrPort) string {
+	why, requests := refusedNow(pol, t)
+	if why != "" {
+		return why
+	}
+	if requests { // its requests must now be seen, and a spliced connection's are not
 		return ReasonRequestsUnseen
 	}
 	if err := pol.CheckResolved(t.host, up); err != nil {
 		return err.Error()
+	}
+	return ""
+}
+
+// rejudgeIntercepted says why pol refuses now an intercepted connection
+// to t, or "": its host, since the Interceptor judges its requests.
+func rejudgeIntercepted(pol *policy.Policy, t target) string {
+	why, _ := refusedNow(pol, t)
+	return why
+}
+
+// rejudgeRequest says why pol refuses now a plain HTTP request (method,
+// path) to t, being forwarded, or "": by its host, and by its method and
+// path where request entries judge them. Its body, judged as it came
+// (an MCP message), is not read again.
+func rejudgeRequest(pol *policy.Policy, t target, method, path string) string {
+	why, requests := refusedNow(pol, t)
+	if why != "" || !requests || t.decision.Approved { // an approval allows a name no entry names, nor judges
+		return why
+	}
+	if d := pol.DecideRequest(t.host, t.port, method, path); !d.Allowed {
+		return d.Reason
 	}
 	return ""
 }

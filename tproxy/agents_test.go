@@ -188,3 +188,16 @@ func TestForgetEndsTheUpstreamToo(t *testing.T) {
 	assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
 	assert.Eventually(t, func() bool { return w.proxy.open.Load() == 0 }, 5*time.Second, 10*time.Millisecond, "the connection's budget is still held")
 }
+
+// TestTrackedDuringForgetIsReachable: a connection tracked while Forget
+// runs, into the set Forget takes, goes into the agent's next set, which
+// the next Forget reaches: none lands in a set no Forget reaches.
+func TestTrackedDuringForgetIsReachable(t *testing.T) {
+	p := &Proxy{}
+	found := p.agentSet("a1") // what a tracker finds, before it adds to it
+	p.Forget("a1")            // taken meanwhile
+	assert.False(t, found.add(&agentConn{}), "a set Forget took takes more")
+	ac, _ := p.trackAgentConn("a1", nil, nil)
+	p.Forget("a1")
+	assert.True(t, ac.gone(), "a connection tracked after a Forget was not found by the next")
+}

@@ -65,16 +65,25 @@
 // while the Approver answers (askFor: TLS, plain HTTP, CONNECT).
 // A connection on a port where no destination could be allowed is
 // refused before its client speaks. When an agent's policy changes,
-// Proxy.Rejudge ends the spliced connections it now refuses; Forget
-// ends all of an agent's connections. Both find a connection in one
-// place, its agentConn, from the moment its agent is known: while it is
-// judged, dialled or waits for an approval as while it is relayed. A
-// connection is judged again as its relay starts (agentConn.spliced),
-// before a byte of it moves, by the policy as it is then, so that a
-// change that came while it was judged (or while its client was silent)
-// ends it too, recorded as refused; a forgotten one never starts
-// (TestPolicyChangeWhileJudged, TestForgetWhileDialling,
-// TestPolicyChangeWhileDialling, TestForgetEndsTheUpstreamToo).
+// Proxy.Rejudge ends what it now refuses; Forget ends all of an agent's
+// connections. Both find a connection (a plain HTTP request: each is its
+// own) in one place, its agentConn, from the moment its agent is known:
+// while it is judged, dialled or waits for an approval as while its
+// bytes move. Whatever moves them registers there as it starts
+// (agentConn.moving): a relay, spliced or on the kernel path, judged by
+// its destination; an intercepted connection, by its host; a plain HTTP
+// request being forwarded (a long stream, an upgrade's tunnel), by its
+// host, method and path. It is judged again there, before a byte of it
+// moves, by the policy as it is then, so that a change that came while
+// it was judged (or while its client was silent) ends it too, recorded
+// as refused; a forgotten one never starts (TestPolicyChangeWhileJudged,
+// TestForgetWhileDialling, TestPolicyChangeWhileDialling,
+// TestForgetEndsTheUpstreamToo, TestPlainHTTPEndsOnForgetAndRejudge,
+// TestInterceptedEndsOnForgetAndRejudge). An upgrade's tunnel, which the
+// forwarder copies beneath every response writer, passes through one
+// place of its own (upgraded): counted for its record, held to the
+// agent's byte rate, and swept for idleness and ended by a forced
+// Shutdown as a relay is.
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.

@@ -293,7 +293,7 @@ func (p *Proxy) serveConnect(w connectReply, r *http.Request) {
 	defer cancelReq()
 	tracked, untrack := p.trackAgentConn(agent, nil, cancelReq)
 	defer untrack()
-	forgotten := func() bool { return reqCtx.Err() != nil && r.Context().Err() == nil }
+	forgotten := tracked.gone
 
 	s := &session{p: p, client: nil, agent: agent, pol: pol, current: who.current, notes: notes, src: f.src, kind: egresslog.KindConnect, start: start, connectTarget: r.Host}
 	dialCtx := egresslog.WithNotes(policy.WithAgent(reqCtx, agent), notes)

@@ -143,6 +143,15 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec.Agent = agent
+	// Forget and Rejudge find the request from now on: while it waits
+	// for an approval, while it is forwarded, and after, as an upgrade's
+	// tunnel.
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	r = r.WithContext(ctx)
+	tracked, untrack := p.trackAgentConn(agent, nil, cancel)
+	defer untrack()
+	var paceUp, paceDown *pacer
 	if f.explicit {
 		// An explicit-proxy request (an upgrade too, which the handler
 		// holds) counts as a connection of its own: the connection it
@@ -156,11 +165,12 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		// Its bytes are held to the agent's quotas here; a transparent
 		// connection's are on the connection itself.
 		q := pol.Quotas()
-		if up := p.pacer(&p.bytesUp, agent, q.BytesPerSecondUp); up != nil {
-			r.Body = &pacedBody{ReadCloser: r.Body, pace: up}
+		paceUp, paceDown = p.pacer(&p.bytesUp, agent, q.BytesPerSecondUp), p.pacer(&p.bytesDown, agent, q.BytesPerSecondDown)
+		if paceUp != nil {
+			r.Body = &pacedBody{ReadCloser: r.Body, pace: paceUp}
 		}
-		if down := p.pacer(&p.bytesDown, agent, q.BytesPerSecondDown); down != nil {
-			w = &pacedWriter{ResponseWriter: w, pace: down}
+		if paceDown != nil {
+			w = &pacedWriter{ResponseWriter: w, pace: paceDown}
 		}
 	}
 	host, dst, err := httpTarget(r, f)
@@ -182,6 +192,10 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		t, d = target{host: d.Name, port: dst.Port(), decision: f.tunnelApproval}, f.tunnelApproval
 	}
 	t, d = p.askFor(r.Context(), agent, current, t, d, dst.Port(), egresslog.KindHTTP)
+	if tracked.gone() { // while it waited for an approval
+		refuse(denied(http.StatusForbidden, ReasonForgotten))
+		return
+	}
 	if d.Allowed && t.host != "" && !d.Approved { // an approval allows a name no entry names, nor judges
 		// The request itself, by its method and path (and an MCP
 		// endpoint's messages), on a host that request entries name
@@ -200,16 +214,38 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	ended := &ending{stop: cancel}
+	method, path := r.Method, r.URL.EscapedPath()
+	done, refused := tracked.moving(ended.end, func() string { return rejudgeRequest(current(), t, method, path) })
+	defer done()
+	if refused { // by a policy or a Forget that came while it was judged
+		why, _ := ended.reason()
+		rec.Rule = ""
+		refuse(denied(http.StatusForbidden, why))
+		return
+	}
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	body := httpmeter.CountBody(r)
-	st := &plainState{p: p, agent: agent, pol: pol, target: t, rec: &rec}
+	st := &plainState{p: p, agent: agent, pol: pol, target: t, rec: &rec, paceUp: paceUp, paceDown: paceDown, ended: ended}
 	notes := new(egresslog.Notes)
+	// Recorded however the forwarding ends: a response cut short
+	// mid-stream ends it with a panic (http.ErrAbortHandler), which the
+	// server recovers from.
+	defer func() {
+		if why, ok := ended.reason(); ok {
+			rec.Reason = why
+		}
+		rec.Reason = notes.Annotate(rec.Reason)
+		rec.Status = cw.Status
+		rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
+		if u := st.upgraded; u != nil {
+			p.relays.remove(u)
+			rec.BytesUp, rec.BytesDown = rec.BytesUp+u.up.Load(), rec.BytesDown+u.down.Load()
+		}
+		rec.Duration = time.Since(start)
+		p.record(rec)
+	}()
 	p.forward.ServeHTTP(cw, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), plainStateKey{}, st), notes)))
-	rec.Reason = notes.Annotate(rec.Reason)
-	rec.Status = cw.Status
-	rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
-	rec.Duration = time.Since(start)
-	p.record(rec)
 }
 
 // plainState is one plain HTTP request's forwarding, for the shared
@@ -220,6 +256,12 @@ type plainState struct {
 	pol    *policy.Policy
 	target target
 	rec    *egresslog.Record
+	// The agent's quotas, when the request holds them (the explicit
+	// proxy's), and what ends the request.
+	paceUp, paceDown *pacer
+	ended            *ending
+	// upgraded is its tunnel, once its upstream switched protocols.
+	upgraded *upgraded
 }
 
 type plainStateKey struct{}
@@ -241,7 +283,7 @@ func rewritePlain(pr *httputil.ProxyRequest) {
 
 // plainTransport sends a plain request on the transport for its agent's
 // private-network permission, as HTTP/2 with prior knowledge when it came
-// so.
+// so. An upstream's switch of protocols goes through upgraded.
 type plainTransport struct{ p *Proxy }
 
 func (t plainTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -250,7 +292,15 @@ func (t plainTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.ProtoMajor == 2 {
 		ts = t.p.transportsH2C
 	}
-	return ts.For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	res, err := ts.For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	if err == nil && res.StatusCode == http.StatusSwitchingProtocols {
+		if rwc, ok := res.Body.(io.ReadWriteCloser); ok { // else the forwarder refuses the switch
+			st.upgraded = newUpgraded(rwc, st.paceUp, st.paceDown, st.ended.end)
+			res.Body = st.upgraded
+			t.p.relays.add(st.upgraded)
+		}
+	}
+	return res, err
 }
 
 // plainError answers an upstream failure, with its reason, and records

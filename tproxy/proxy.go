@@ -183,7 +183,7 @@ func (p *Proxy) init() {
 		p.pending = map[net.Conn]context.CancelFunc{}
 		p.closedCh = make(chan struct{})
 		p.baseCtx, p.cancelAll = context.WithCancel(context.Background())
-		p.relays.m = map[*relay]struct{}{}
+		p.relays.m = map[mover]struct{}{}
 	})
 }
 

@@ -162,7 +162,7 @@ func (s *session) relay(a *allowed) {
 	s.p.relays.add(r)
 	defer s.p.relays.remove(r)
 	if s.tracked != nil {
-		done, refused := s.tracked.spliced(r, func() string { return rejudgeTarget(s.current(), a.target, rec.Addr) })
+		done, refused := s.tracked.moving(r.abort, func() string { return rejudgeSpliced(s.current(), a.target, rec.Addr) })
 		defer done()
 		if refused { // by a policy or a Forget that came while it was judged: no rule allows it now
 			rec.Allowed, rec.Rule = false, ""
@@ -570,28 +570,35 @@ func closeWrite(c net.Conn) {
 	}
 }
 
-// relaySet is the set of open relays, swept for idleness.
-type relaySet struct {
-	mu sync.Mutex
-	m  map[*relay]struct{}
+// mover is what moves a connection's bytes, as the idle sweep and a
+// forced shutdown find it: a relay, or an upgraded HTTP exchange.
+type mover interface {
+	idle() time.Duration
+	abort(why string)
 }
 
-func (rs *relaySet) add(r *relay) {
+// relaySet is the set of open movers, swept for idleness.
+type relaySet struct {
+	mu sync.Mutex
+	m  map[mover]struct{}
+}
+
+func (rs *relaySet) add(r mover) {
 	rs.mu.Lock()
 	rs.m[r] = struct{}{}
 	rs.mu.Unlock()
 }
 
-func (rs *relaySet) remove(r *relay) {
+func (rs *relaySet) remove(r mover) {
 	rs.mu.Lock()
 	delete(rs.m, r)
 	rs.mu.Unlock()
 }
 
-func (rs *relaySet) snapshot() []*relay {
+func (rs *relaySet) snapshot() []mover {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	out := make([]*relay, 0, len(rs.m))
+	out := make([]mover, 0, len(rs.m))
 	for r := range rs.m {
 		out = append(out, r)
 	}

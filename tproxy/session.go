@@ -756,7 +756,19 @@ func (p *Proxy) intercepts(agent string, t target) bool {
 func (s *session) intercept(t target, hello []byte) {
 	c := s.paced(newPrefixConn(s.client, hello))
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, t.decision)
-	ctx := s.p.dialContext(s.ctx)
+	ctx, cancel := context.WithCancel(s.p.dialContext(s.ctx))
+	defer cancel()
+	ended := &ending{stop: func() { cancel(); reset(s.client) }}
+	if s.tracked != nil {
+		done, refused := s.tracked.moving(ended.end, func() string { return rejudgeIntercepted(s.current(), t) })
+		defer done()
+		if refused { // by a policy or a Forget that came while it was judged
+			why, _ := ended.reason()
+			r.Allowed, r.Rule, r.Reason = false, "", s.notes.Annotate(why)
+			s.p.record(r)
+			return
+		}
+	}
 	var conn *egresslog.Conn
 	if s.p.Log != nil {
 		conn = s.p.Log.Begin(r)
@@ -765,7 +777,10 @@ func (s *session) intercept(t target, hello []byte) {
 	err := s.p.Interceptor.Intercept(ctx, c, s.agent, s.current, t.host, t.port)
 	c.Close()
 	var quota *policy.QuotaError
+	why, rejudged := ended.reason()
 	switch {
+	case rejudged:
+		r.Reason = why
 	case errors.As(err, &quota):
 		r.Allowed, r.Reason = false, quota.Reason
 	case err != nil:

@@ -1,0 +1,364 @@
+package tproxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/policy"
+	"github.com/agenthold/egress/policy/approval"
+)
+
+// serveLong runs a plain HTTP server whose exchanges last: /upgrade
+// switches to a line echo (Upgrade: echo), /flood switches and sends
+// floodSize bytes, /stream sends a line every 20 ms for up to 20 s, /cut
+// sends one line of a chunked body and then closes the connection.
+func (w *world) serveLong(ip string) netip.AddrPort {
+	ln := listenLoop(w.t, ip+":0")
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/upgrade":
+			c, brw, err := http.NewResponseController(rw).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			brw.Flush()
+			for {
+				line, err := brw.ReadString('\n')
+				if err != nil {
+					return
+				}
+				brw.WriteString("echo " + line)
+				brw.Flush()
+			}
+		case "/flood":
+			c, brw, err := http.NewResponseController(rw).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+			brw.Write(bytes.Repeat([]byte("x"), floodSize))
+			brw.Flush()
+		case "/stream":
+			for range 1000 {
+				if _, err := io.WriteString(rw, "tick\n"); err != nil {
+					return
+				}
+				http.NewResponseController(rw).Flush()
+				select {
+				case <-r.Context().Done():
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		case "/cut":
+			io.WriteString(rw, "tick\n")
+			http.NewResponseController(rw).Flush()
+			if c, _, err := http.NewResponseController(rw).Hijack(); err == nil {
+				c.Close()
+			}
+		}
+	})}
+	go srv.Serve(ln)
+	w.t.Cleanup(func() { srv.Close() })
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+const floodSize = 3 << 20
+
+// plainPath opens a connection for plain HTTP to svc.test at addr, and
+// says how a request line names its target there.
+type plainPath struct {
+	name   string
+	open   func(w *world, addr netip.AddrPort) net.Conn
+	target func(addr netip.AddrPort, path string) string
+}
+
+var plainPaths = []plainPath{
+	{"transparent", func(w *world, addr netip.AddrPort) net.Conn { return w.dial(addr) },
+		func(_ netip.AddrPort, path string) string { return path }},
+	{"explicit", func(w *world, _ netip.AddrPort) net.Conn {
+		c, err := net.Dial("tcp", w.explicit.Addr().String())
+		require.NoError(w.t, err)
+		w.t.Cleanup(func() { c.Close() })
+		return c
+	}, func(addr netip.AddrPort, path string) string {
+		return fmt.Sprintf("http://svc.test:%d%s", addr.Port(), path)
+	}},
+}
+
+// openExchange sends a request for path on p and reads its answer's
+// head: an upgrade's 101, or a stream's first line.
+func openExchange(t *testing.T, w *world, p plainPath, addr netip.AddrPort, path string) (net.Conn, *bufio.Reader) {
+	c := p.open(w, addr)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	upgrade := ""
+	if path == "/upgrade" {
+		upgrade = "Connection: Upgrade\r\nUpgrade: echo\r\n"
+	}
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n%s\r\n", p.target(addr, path), addr.Port(), upgrade)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	if path == "/upgrade" {
+		require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+		fmt.Fprintf(c, "ping\n")
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "echo ping\n", line)
+		return c, br
+	}
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "tick\n", line)
+	return c, br
+}
+
+// endsSoon asserts that c ends (end of stream, or a reset) well before
+// its deadline, however much it had moved before; an upgrade is pinged
+// as it goes, so that only an end stops the echo.
+func endsSoon(t *testing.T, c net.Conn, br *bufio.Reader, upgrade bool) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	var err error
+	for err == nil {
+		if upgrade {
+			if _, err = fmt.Fprintf(c, "ping\n"); err == nil {
+				_, err = br.ReadString('\n')
+			}
+			time.Sleep(10 * time.Millisecond)
+		} else {
+			_, err = br.ReadString('\n')
+		}
+	}
+	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "still open after 5 s: %v", err)
+}
+
+// TestPlainHTTPEndsOnForgetAndRejudge: a plain HTTP exchange that lasts
+// (an upgrade's tunnel, a streamed response), transparent or through the
+// explicit proxy, ends when its agent is forgotten, when a policy change
+// refuses its host, and when one refuses its path, with a record that
+// says why; one the change still allows goes on.
+func TestPlainHTTPEndsOnForgetAndRejudge(t *testing.T) {
+	actions := []struct {
+		name   string
+		act    func(w *world)
+		reason string
+	}{
+		{"forget", func(w *world) { w.proxy.Forget("a1") }, ReasonForgotten},
+		{"deny all", func(w *world) {
+			w.setPolicy(policy.Config{Mode: policy.DenyAll})
+			w.proxy.Rejudge("a1")
+		}, ReasonPolicyChanged},
+		{"deny its path", func(w *world) {
+			w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"GET svc.test:*/other"}})
+			w.proxy.Rejudge("a1")
+		}, ReasonPolicyChanged},
+	}
+	for _, p := range plainPaths {
+		for _, path := range []string{"/upgrade", "/stream"} {
+			for _, a := range actions {
+				t.Run(p.name+path+"/"+a.name, func(t *testing.T) {
+					w := newWorld(t, []string{"GET svc.test:*/upgrade", "GET svc.test:*/stream"}, nil)
+					addr := w.serveLong("127.0.0.2")
+					c, br := openExchange(t, w, p, addr, path)
+					a.act(w)
+					endsSoon(t, c, br, path == "/upgrade")
+					r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == path })
+					assert.True(t, strings.HasPrefix(r.Reason, a.reason), "record %+v", r)
+					assert.True(t, r.Allowed, "it was allowed, and ended: record %+v", r)
+				})
+			}
+		}
+	}
+}
+
+// TestPlainHTTPKeptByAPolicyThatAllowsIt: Rejudge leaves a lasting
+// exchange alone when the new policy still allows it.
+func TestPlainHTTPKeptByAPolicyThatAllowsIt(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, nil)
+			addr := w.serveLong("127.0.0.2")
+			c, br := openExchange(t, w, p, addr, "/upgrade")
+			w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"GET svc.test:*/upgrade", "api.test:*"}})
+			w.proxy.Rejudge("a1")
+			fmt.Fprintf(c, "still\n")
+			line, err := br.ReadString('\n')
+			assert.NoError(t, err)
+			assert.Equal(t, "echo still\n", line)
+		})
+	}
+}
+
+// TestPlainHTTPForgottenWhileJudged: a request whose agent is forgotten
+// while its approval is awaited is refused, never forwarded.
+func TestPlainHTTPForgottenWhileJudged(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			b := &approval.Broker{Timeout: 10 * time.Second}
+			w := newWorld(t, nil, func(px *Proxy) { px.Approver = b })
+			w.setPolicy(policy.Config{Ask: true})
+			addr := w.serveLong("127.0.0.2")
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n\r\n", p.target(addr, "/stream"), addr.Port())
+			require.Eventually(t, func() bool { return len(b.Pending()) == 1 }, 5*time.Second, time.Millisecond, "no approval request")
+			w.proxy.Forget("a1")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err == nil { // the explicit proxy answers; a transparent connection is reset
+				assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+			}
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/stream" })
+			assert.False(t, r.Allowed, "record %+v", r)
+			assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
+			assert.Zero(t, r.BytesDown, "record %+v", r)
+		})
+	}
+}
+
+// TestPlainHTTPCutStreamIsRecorded: a response its upstream cuts short
+// mid-stream is recorded too (the forwarder ends such a response with a
+// panic the server recovers from).
+func TestPlainHTTPCutStreamIsRecorded(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, nil)
+			addr := w.serveLong("127.0.0.2")
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n\r\n", p.target(addr, "/cut"), addr.Port())
+			io.Copy(io.Discard, c)
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/cut" })
+			assert.True(t, r.Allowed, "record %+v", r)
+			assert.Equal(t, http.StatusOK, r.Status, "record %+v", r)
+			assert.NotZero(t, r.BytesDown, "the line it had: record %+v", r)
+		})
+	}
+}
+
+// echoInterceptor claims api.test and echoes what it is sent, the
+// ClientHello first, until its connection ends.
+type echoInterceptor struct{}
+
+func (echoInterceptor) Claims(_, host string) bool { return host == "api.test" }
+
+func (echoInterceptor) Intercept(_ context.Context, c net.Conn, _ string, _ policy.Current, _ string, _ uint16) error {
+	io.Copy(c, c)
+	return nil
+}
+
+// TestInterceptedEndsOnForgetAndRejudge: an intercepted connection (a
+// WebSocket the Interceptor holds open, say) ends when its agent is
+// forgotten, or when a policy change refuses its host, with a record
+// that says why; one the change still allows goes on.
+func TestInterceptedEndsOnForgetAndRejudge(t *testing.T) {
+	for _, a := range []struct {
+		name   string
+		act    func(w *world)
+		reason string // "": kept
+	}{
+		{"forget", func(w *world) { w.proxy.Forget("a1") }, ReasonForgotten},
+		{"deny all", func(w *world) {
+			w.setPolicy(policy.Config{Mode: policy.DenyAll})
+			w.proxy.Rejudge("a1")
+		}, ReasonPolicyChanged + policy.ReasonDenyAll},
+		{"still allowed", func(w *world) {
+			w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:443", fmt.Sprintf("api.test:%d", w.tlsAddr.Port())}})
+			w.proxy.Rejudge("a1")
+		}, ""},
+	} {
+		t.Run(a.name, func(t *testing.T) {
+			w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.Interceptor = echoInterceptor{} })
+			c := w.dial(w.tlsAddr)
+			curl, err := os.ReadFile("testdata/clienthello/curl-7.88-openssl-3.0.bin")
+			require.NoError(t, err)
+			hello := withServerName(t, curl, "api.test")
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, err = c.Write(hello)
+			require.NoError(t, err)
+			_, err = io.ReadFull(c, make([]byte, len(hello)))
+			require.NoError(t, err, "the interceptor's echo")
+			require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 1 }, 5*time.Second, 10*time.Millisecond)
+			a.act(w)
+			br := bufio.NewReader(c)
+			if a.reason == "" {
+				fmt.Fprintf(c, "still\n")
+				line, err := br.ReadString('\n')
+				assert.NoError(t, err)
+				assert.Equal(t, "still\n", line)
+				return
+			}
+			endsSoon(t, c, br, true)
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.test" && !r.Open })
+			assert.Equal(t, a.reason, r.Reason, "record %+v", r)
+		})
+	}
+}
+
+// TestUpgradeHeldAndCounted: an upgrade's tunnel, transparent or through
+// the explicit proxy, is held to the agent's byte rate and counted in its
+// record, though the forwarder copies it beneath every response writer.
+// The bound checked is a lower one: a slower machine only takes longer.
+func TestUpgradeHeldAndCounted(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, nil, nil)
+			w.setPolicy(policy.Config{Mode: policy.Open, Quotas: policy.Quotas{BytesPerSecondDown: 1 << 20}})
+			addr := w.serveLong("127.0.0.2")
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			start := time.Now()
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", p.target(addr, "/flood"), addr.Port())
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+			n, err := io.Copy(io.Discard, br)
+			require.NoError(t, err)
+			require.EqualValues(t, floodSize, n)
+			// A second's burst, then two seconds at the rate.
+			assert.Greater(t, time.Since(start), 1500*time.Millisecond, "3 MiB at 1 MiB/s took less than 1.5 s")
+			c.Close()
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/flood" })
+			assert.GreaterOrEqual(t, r.BytesDown, int64(floodSize), "record %+v", r)
+		})
+	}
+}
+
+// TestIdleUpgradeEnds: an upgrade's tunnel that moves nothing for the
+// idle timeout is ended, as a relay is, with a record that says so.
+func TestIdleUpgradeEnds(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, func(px *Proxy) { px.IdleTimeout = 300 * time.Millisecond })
+			addr := w.serveLong("127.0.0.2")
+			c, br := openExchange(t, w, p, addr, "/upgrade")
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err := br.ReadString('\n')
+			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "an idle upgrade still open after 5 s")
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/upgrade" })
+			assert.Equal(t, ReasonIdle, r.Reason, "record %+v", r)
+			assert.EqualValues(t, len("ping\n"), r.BytesUp, "record %+v", r)
+			assert.EqualValues(t, len("echo ping\n"), r.BytesDown, "record %+v", r)
+		})
+	}
+}

@@ -1,0 +1,65 @@
+package tproxy
+
+import (
+	"io"
+	"sync/atomic"
+	"time"
+)
+
+// upgraded is the upstream side of a plain HTTP exchange that switched
+// protocols (101: a WebSocket, say), which the forwarder then copies to
+// and from the client's connection until either ends. It is the one
+// place such a tunnel's bytes pass: they are counted for its record,
+// held to the agent's quotas (on the explicit proxy: a transparent
+// connection is held on the connection itself), and timed, so that the
+// idle sweep and a forced shutdown find it as they find a relay.
+type upgraded struct {
+	io.ReadWriteCloser
+	paceUp, paceDown *pacer
+	up, down         atomic.Int64
+	lastActive       atomic.Int64 // Unix nanoseconds
+	// end ends the exchange, saying why (its request's ending).
+	end func(why string)
+}
+
+func newUpgraded(rwc io.ReadWriteCloser, paceUp, paceDown *pacer, end func(string)) *upgraded {
+	u := &upgraded{ReadWriteCloser: rwc, paceUp: paceUp, paceDown: paceDown, end: end}
+	u.lastActive.Store(time.Now().UnixNano())
+	return u
+}
+
+// Read reads what the upstream sends the client.
+func (u *upgraded) Read(p []byte) (int, error) {
+	n, err := u.ReadWriteCloser.Read(p[:u.paceDown.chunk(len(p))])
+	if n > 0 {
+		u.lastActive.Store(time.Now().UnixNano())
+		u.down.Add(int64(n))
+		u.paceDown.moved(int64(n))
+	}
+	return n, err
+}
+
+// Write writes what the client sends the upstream.
+func (u *upgraded) Write(p []byte) (int, error) {
+	total := 0
+	for len(p) > 0 {
+		n, err := u.ReadWriteCloser.Write(p[:u.paceUp.chunk(len(p))])
+		if n > 0 {
+			u.lastActive.Store(time.Now().UnixNano())
+			u.up.Add(int64(n))
+			u.paceUp.moved(int64(n))
+		}
+		total += n
+		p = p[n:]
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+func (u *upgraded) idle() time.Duration {
+	return time.Since(time.Unix(0, u.lastActive.Load()))
+}
+
+func (u *upgraded) abort(why string) { u.end(why) }
