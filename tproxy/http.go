@@ -239,7 +239,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		rec.Status = cw.Status
 		rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
 		if u := st.upgraded; u != nil {
-			p.relays.remove(u)
+			p.endUpgrade(u)
 			rec.BytesUp, rec.BytesDown = rec.BytesUp+u.up.Load(), rec.BytesDown+u.down.Load()
 		}
 		rec.Duration = time.Since(start)
@@ -294,10 +294,8 @@ func (t plainTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	res, err := ts.For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
 	if err == nil && res.StatusCode == http.StatusSwitchingProtocols {
-		if rwc, ok := res.Body.(io.ReadWriteCloser); ok { // else the forwarder refuses the switch
-			st.upgraded = newUpgraded(rwc, st.paceUp, st.paceDown, st.ended.end)
-			res.Body = st.upgraded
-			t.p.relays.add(st.upgraded)
+		if err = t.p.beginUpgrade(st, res); err != nil {
+			return nil, err
 		}
 	}
 	return res, err

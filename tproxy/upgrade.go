@@ -1,7 +1,9 @@
 package tproxy
 
 import (
+	"errors"
 	"io"
+	"net/http"
 	"sync/atomic"
 	"time"
 )
@@ -12,7 +14,9 @@ import (
 // place such a tunnel's bytes pass: they are counted for its record,
 // held to the agent's quotas (on the explicit proxy: a transparent
 // connection is held on the connection itself), and timed, so that the
-// idle sweep and a forced shutdown find it as they find a relay.
+// idle sweep and a forced shutdown find it as they find a relay. It is
+// a session of its own, which Shutdown waits for: the server it came
+// through no longer knows the connection it took over.
 type upgraded struct {
 	io.ReadWriteCloser
 	paceUp, paceDown *pacer
@@ -22,10 +26,28 @@ type upgraded struct {
 	end func(why string)
 }
 
-func newUpgraded(rwc io.ReadWriteCloser, paceUp, paceDown *pacer, end func(string)) *upgraded {
-	u := &upgraded{ReadWriteCloser: rwc, paceUp: paceUp, paceDown: paceDown, end: end}
+// beginUpgrade takes over res, st's upstream's switch of protocols; an
+// error, and the upstream closed, if it cannot begin.
+func (p *Proxy) beginUpgrade(st *plainState, res *http.Response) error {
+	rwc, ok := res.Body.(io.ReadWriteCloser)
+	if !ok {
+		return nil // the forwarder refuses the switch
+	}
+	if !p.beginSession() {
+		rwc.Close()
+		return errors.New(ReasonShuttingDown)
+	}
+	u := &upgraded{ReadWriteCloser: rwc, paceUp: st.paceUp, paceDown: st.paceDown, end: st.ended.end}
 	u.lastActive.Store(time.Now().UnixNano())
-	return u
+	st.upgraded, res.Body = u, u
+	p.relays.add(u)
+	return nil
+}
+
+// endUpgrade is the end of u, once the forwarder is done with it.
+func (p *Proxy) endUpgrade(u *upgraded) {
+	p.relays.remove(u)
+	p.sessionsWG.Done()
 }
 
 // Read reads what the upstream sends the client.
