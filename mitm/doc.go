@@ -14,6 +14,11 @@
 //
 // Responses stream as they arrive (server-sent events, chunked bodies,
 // large downloads in bounded memory); WebSocket upgrades pass through.
+// Each request is judged by the policy as it is when the request comes;
+// one being forwarded (a stream, a WebSocket) registers with the
+// policy.InFlight of the context it was handed (tproxy gives one), which
+// ends it when a policy change refuses its host, method or path, or its
+// agent is forgotten (inFlight, inflight.go).
 //
 // What the sandbox may see of a secret is decided in one place: in an
 // exchange that could carry one (its rule names the host), everything

@@ -467,24 +467,40 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	ctx, ended, done, stopped := inFlight(r, host, info)
+	defer done()
+	if stopped { // by a policy change, or the agent's removal, since it was judged
+		why, _ := ended()
+		rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, why, ""
+		httpfwd.Refuse(out, http.StatusForbidden, "http_request_denied", why, true)
+		return
+	}
 	body := httpmeter.CountBody(r)
 	notes := new(egresslog.Notes)
-	i.proxy.ServeHTTP(out, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), reqStateKey{}, st), notes)))
-	defer func() { rec.Reason = notes.Annotate(rec.Reason) }() // after the record's other changes, before it is recorded
-	rec.BytesUp = body.Bytes()
-	rec.Secret = strings.Join(st.secrets, ",")
-	var refused interface{ Refused() bool }
-	switch {
-	case errors.As(st.injectErr, &refused) && refused.Refused():
-		rec.Allowed, rec.Reason = false, st.injectErr.Error()
-	case st.injectErr != nil:
-		rec.Allowed, rec.Reason = false, ReasonInjectFailed
-	case st.upstreamErr == ReasonUpstreamConns: // a bound the agent met, not a failure
-		rec.Allowed, rec.Reason = false, ReasonUpstreamConns
-	case st.upstreamErr != "":
-		rec.Allowed = !st.refused
-		rec.Reason = reasonUpstreamError + st.upstreamErr
-	}
+	// What the forwarding says of the request, however it ends: a
+	// response cut short mid-stream ends it with a panic
+	// (http.ErrAbortHandler), which the server recovers from.
+	defer func() {
+		rec.BytesUp = body.Bytes()
+		rec.Secret = strings.Join(st.secrets, ",")
+		var refused interface{ Refused() bool }
+		switch {
+		case errors.As(st.injectErr, &refused) && refused.Refused():
+			rec.Allowed, rec.Reason = false, st.injectErr.Error()
+		case st.injectErr != nil:
+			rec.Allowed, rec.Reason = false, ReasonInjectFailed
+		case st.upstreamErr == ReasonUpstreamConns: // a bound the agent met, not a failure
+			rec.Allowed, rec.Reason = false, ReasonUpstreamConns
+		case st.upstreamErr != "":
+			rec.Allowed = !st.refused
+			rec.Reason = reasonUpstreamError + st.upstreamErr
+		}
+		if why, ok := ended(); ok {
+			rec.Reason = why
+		}
+		rec.Reason = notes.Annotate(rec.Reason)
+	}()
+	i.proxy.ServeHTTP(out, r.WithContext(egresslog.WithNotes(context.WithValue(ctx, reqStateKey{}, st), notes)))
 }
 
 // rewrite points the request at the real host over TLS and injects the

@@ -89,16 +89,31 @@ func (ac *agentConn) moving(end func(why string), rejudge func() string) (done f
 	}, refused
 }
 
-// endMoving ends what moves the connection's bytes, if anything does,
-// saying that its agent was forgotten: a relay's upstream too, whatever
-// its client's side is doing.
-func (ac *agentConn) endMoving() {
-	ac.mu.Lock()
-	end := ac.end
-	ac.mu.Unlock()
-	if end != nil {
-		end(ReasonForgotten)
+// movingNow is what moves a connection's bytes at a moment.
+type movingNow struct {
+	end     func(why string)
+	rejudge func() string
+}
+
+// movingIn is what moves the bytes of acs now: requests (which carry no
+// client connection of their own) before the connections that may carry
+// them, so that each request is ended before what carries it, and says
+// why it ended rather than end by the other's reset.
+func movingIn(acs []*agentConn) []movingNow {
+	var inner, outer []movingNow
+	for _, ac := range acs {
+		ac.mu.Lock()
+		m, carries := movingNow{ac.end, ac.rejudge}, ac.conn != nil
+		ac.mu.Unlock()
+		switch {
+		case m.end == nil:
+		case carries:
+			outer = append(outer, m)
+		default:
+			inner = append(inner, m)
+		}
 	}
+	return append(inner, outer...)
 }
 
 // endConn ends the rest of a forgotten connection: its judging and
@@ -219,11 +234,11 @@ func (p *Proxy) Forget(agent string) {
 		return
 	}
 	acs := v.(*connSet).close()
-	// What moves bytes first, so that each says why it ended, rather than
-	// end by the reset of a connection that carries it (an HTTP request
-	// on a transparent connection).
-	for _, ac := range acs {
-		ac.endMoving()
+	// What moves bytes first, all found before any ends, so that each
+	// says why it ended; a relay's upstream too, whatever its client's
+	// side is doing.
+	for _, m := range movingIn(acs) {
+		m.end(ReasonForgotten)
 	}
 	for _, ac := range acs {
 		ac.endConn()
@@ -242,15 +257,9 @@ func (p *Proxy) Rejudge(agent string) {
 	if !ok {
 		return
 	}
-	for _, ac := range v.(*connSet).snapshot() {
-		ac.mu.Lock()
-		end, rejudge := ac.end, ac.rejudge
-		ac.mu.Unlock()
-		if end == nil {
-			continue
-		}
-		if why := rejudge(); why != "" {
-			end(ReasonPolicyChanged + why)
+	for _, m := range movingIn(v.(*connSet).snapshot()) {
+		if why := m.rejudge(); why != "" {
+			m.end(ReasonPolicyChanged + why)
 		}
 	}
 }

@@ -381,3 +381,66 @@ func TestShutdownWaitsForUpgrades(t *testing.T) {
 		})
 	}
 }
+
+// inFlightInterceptor claims api.test and, as mitm does for each request
+// it forwards, registers one request with the policy.InFlight it is
+// handed: judged by its path, /ws, and ended by closing the connection.
+type inFlightInterceptor struct{ ended chan string }
+
+func (inFlightInterceptor) Claims(_, host string) bool { return host == "api.test" }
+
+func (i inFlightInterceptor) Intercept(ctx context.Context, c net.Conn, _ string, current policy.Current, host string, port uint16) error {
+	track := policy.InFlightFrom(ctx)
+	if track == nil {
+		return errors.New("no InFlight in the Interceptor's context")
+	}
+	done, refused := track(func(why string) { i.ended <- why; c.Close() }, func() string {
+		if d := current().DecideRequest(host, port, http.MethodGet, "/ws"); !d.Allowed {
+			return d.Reason
+		}
+		return ""
+	})
+	defer done()
+	if !refused {
+		io.Copy(c, c)
+	}
+	return nil
+}
+
+// TestInterceptedRequestsEndOnForgetAndRejudge: a request an Interceptor
+// forwards (a WebSocket) is found by Rejudge when the new policy refuses
+// its path on a host it still allows, and by Forget.
+func TestInterceptedRequestsEndOnForgetAndRejudge(t *testing.T) {
+	for _, a := range []struct {
+		name   string
+		act    func(w *world)
+		reason string
+	}{
+		{"forget", func(w *world) { w.proxy.Forget("a1") }, ReasonForgotten},
+		{"deny its path", func(w *world) {
+			w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"GET api.test:*/other"}})
+			w.proxy.Rejudge("a1")
+		}, ReasonPolicyChanged + policy.ReasonNoRequestRule},
+	} {
+		t.Run(a.name, func(t *testing.T) {
+			ic := inFlightInterceptor{ended: make(chan string, 1)}
+			w := newWorld(t, []string{"GET api.test:*/ws"}, func(p *Proxy) { p.Interceptor = ic })
+			c := w.dial(w.tlsAddr)
+			curl, err := os.ReadFile("testdata/clienthello/curl-7.88-openssl-3.0.bin")
+			require.NoError(t, err)
+			hello := withServerName(t, curl, "api.test")
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, err = c.Write(hello)
+			require.NoError(t, err)
+			_, err = io.ReadFull(c, make([]byte, len(hello)))
+			require.NoError(t, err, "the interceptor's echo")
+			a.act(w)
+			select {
+			case why := <-ic.ended:
+				assert.Equal(t, a.reason, why)
+			case <-time.After(5 * time.Second):
+				assert.Fail(t, "the request was not ended")
+			}
+		})
+	}
+}

@@ -73,17 +73,20 @@
 // (agentConn.moving): a relay, spliced or on the kernel path, judged by
 // its destination; an intercepted connection, by its host; a plain HTTP
 // request being forwarded (a long stream, an upgrade's tunnel), by its
-// host, method and path. It is judged again there, before a byte of it
-// moves, by the policy as it is then, so that a change that came while
-// it was judged (or while its client was silent) ends it too, recorded
-// as refused; a forgotten one never starts (TestPolicyChangeWhileJudged,
-// TestForgetWhileDialling, TestPolicyChangeWhileDialling,
-// TestForgetEndsTheUpstreamToo, TestPlainHTTPEndsOnForgetAndRejudge,
-// TestInterceptedEndsOnForgetAndRejudge). An upgrade's tunnel, which the
-// forwarder copies beneath every response writer, passes through one
-// place of its own (upgraded): counted for its record, held to the
-// agent's byte rate, and swept for idleness and ended by a forced
-// Shutdown as a relay is.
+// host, method and path, and so each request the Interceptor forwards,
+// registered through the policy.InFlight in its context. It is judged
+// again there, before a byte of it moves, by the policy as it is then,
+// so that a change that came while it was judged (or while its client
+// was silent) ends it too, recorded as refused; a forgotten one never
+// starts (TestPolicyChangeWhileJudged, TestForgetWhileDialling,
+// TestPolicyChangeWhileDialling, TestForgetEndsTheUpstreamToo,
+// TestPlainHTTPEndsOnForgetAndRejudge,
+// TestInterceptedEndsOnForgetAndRejudge,
+// TestInterceptedRequestsEndOnForgetAndRejudge). An upgrade's tunnel,
+// which the forwarder copies beneath every response writer, passes
+// through one place of its own (upgraded): counted for its record, held
+// to the agent's byte rate, swept for idleness, waited for by Shutdown
+// and ended by a forced one, as a relay is.
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.

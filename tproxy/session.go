@@ -758,6 +758,13 @@ func (s *session) intercept(t target, hello []byte) {
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, t.decision)
 	ctx, cancel := context.WithCancel(s.p.dialContext(s.ctx))
 	defer cancel()
+	// Each request the Interceptor forwards is one of the agent's, as a
+	// plain HTTP request is, for Forget and Rejudge to find.
+	ctx = policy.WithInFlight(ctx, func(end func(string), rejudge func() string) (func(), bool) {
+		ac, untrack := s.p.trackAgentConn(s.agent, nil, nil)
+		done, refused := ac.moving(end, rejudge)
+		return func() { done(); untrack() }, refused
+	})
 	ended := &ending{stop: func() { cancel(); reset(s.client) }}
 	if s.tracked != nil {
 		done, refused := s.tracked.moving(ended.end, func() string { return rejudgeIntercepted(s.current(), t) })
