@@ -225,7 +225,8 @@ func (p *Proxy) trackAgentConn(agent string, c net.Conn, cancel context.CancelFu
 }
 
 // Forget ends every connection the proxy holds for agent: its tunnels,
-// its spliced and intercepted connections, and those still being judged,
+// its spliced and intercepted connections, its requests being forwarded
+// (plain HTTP, or by the Interceptor), and those still being judged,
 // dialled or waiting for an approval. Call it when an agent is removed,
 // or its credentials revoked: what it opened before must not outlive it.
 func (p *Proxy) Forget(agent string) {

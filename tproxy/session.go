@@ -784,9 +784,9 @@ func (s *session) intercept(t target, hello []byte) {
 	err := s.p.Interceptor.Intercept(ctx, c, s.agent, s.current, t.host, t.port)
 	c.Close()
 	var quota *policy.QuotaError
-	why, rejudged := ended.reason()
+	why, stopped := ended.reason()
 	switch {
-	case rejudged:
+	case stopped:
 		r.Reason = why
 	case errors.As(err, &quota):
 		r.Allowed, r.Reason = false, quota.Reason
