@@ -255,6 +255,13 @@ func TestPlainHTTPCutStreamIsRecorded(t *testing.T) {
 	}
 }
 
+// curlHelloFor is curl's ClientHello, for name.
+func curlHelloFor(t *testing.T, name string) []byte {
+	curl, err := os.ReadFile("testdata/clienthello/curl-7.88-openssl-3.0.bin")
+	require.NoError(t, err)
+	return withServerName(t, curl, name)
+}
+
 // echoInterceptor claims api.test and echoes what it is sent, the
 // ClientHello first, until its connection ends.
 type echoInterceptor struct{}
@@ -289,11 +296,9 @@ func TestInterceptedEndsOnForgetAndRejudge(t *testing.T) {
 		t.Run(a.name, func(t *testing.T) {
 			w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.Interceptor = echoInterceptor{} })
 			c := w.dial(w.tlsAddr)
-			curl, err := os.ReadFile("testdata/clienthello/curl-7.88-openssl-3.0.bin")
-			require.NoError(t, err)
-			hello := withServerName(t, curl, "api.test")
+			hello := curlHelloFor(t, "api.test")
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			_, err = c.Write(hello)
+			_, err := c.Write(hello)
 			require.NoError(t, err)
 			_, err = io.ReadFull(c, make([]byte, len(hello)))
 			require.NoError(t, err, "the interceptor's echo")
@@ -426,11 +431,9 @@ func TestInterceptedRequestsEndOnForgetAndRejudge(t *testing.T) {
 			ic := inFlightInterceptor{ended: make(chan string, 1)}
 			w := newWorld(t, []string{"GET api.test:*/ws"}, func(p *Proxy) { p.Interceptor = ic })
 			c := w.dial(w.tlsAddr)
-			curl, err := os.ReadFile("testdata/clienthello/curl-7.88-openssl-3.0.bin")
-			require.NoError(t, err)
-			hello := withServerName(t, curl, "api.test")
+			hello := curlHelloFor(t, "api.test")
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			_, err = c.Write(hello)
+			_, err := c.Write(hello)
 			require.NoError(t, err)
 			_, err = io.ReadFull(c, make([]byte, len(hello)))
 			require.NoError(t, err, "the interceptor's echo")
@@ -443,4 +446,25 @@ func TestInterceptedRequestsEndOnForgetAndRejudge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdleInterceptedEnds: an intercepted connection that moves nothing
+// for the idle timeout (a WebSocket the Interceptor holds open, silent)
+// is ended, as a relay is, with a record that says so.
+func TestIdleInterceptedEnds(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) {
+		p.Interceptor = echoInterceptor{}
+		p.IdleTimeout = 300 * time.Millisecond
+	})
+	c := w.dial(w.tlsAddr)
+	hello := curlHelloFor(t, "api.test")
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Write(hello)
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, make([]byte, len(hello)))
+	require.NoError(t, err, "the interceptor's echo")
+	_, err = c.Read(make([]byte, 1))
+	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "an idle intercepted connection still open after 5 s")
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.test" && !r.Open })
+	assert.Equal(t, ReasonIdle, r.Reason, "record %+v", r)
 }

@@ -86,7 +86,9 @@
 // which the forwarder copies beneath every response writer, passes
 // through one place of its own (upgraded): counted for its record, held
 // to the agent's byte rate, swept for idleness, waited for by Shutdown
-// and ended by a forced one, as a relay is.
+// and ended by a forced one, as a relay is; an intercepted connection is
+// swept for idleness too, by the bytes that pass its client connection
+// (mover: whatever moves bytes, the idle sweep finds).
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.

@@ -571,7 +571,8 @@ func closeWrite(c net.Conn) {
 }
 
 // mover is what moves a connection's bytes, as the idle sweep and a
-// forced shutdown find it: a relay, or an upgraded HTTP exchange.
+// forced shutdown find it: a relay, an upgraded HTTP exchange, or an
+// intercepted connection.
 type mover interface {
 	idle() time.Duration
 	abort(why string)
@@ -640,16 +641,17 @@ func (p *Proxy) startSweeper() {
 }
 
 // prefixConn is a client connection whose first reads replay bytes the
-// proxy already read; it counts bytes each way. It wraps rather than
-// embeds the connection, so that no promoted ReadFrom or WriteTo can skip
-// the replayed bytes or the counts.
+// proxy already read; it counts bytes each way, and when they last moved.
+// It wraps rather than embeds the connection, so that no promoted
+// ReadFrom or WriteTo can skip the replayed bytes or the counts.
 type prefixConn struct {
-	c       net.Conn
-	prefix  *bytes.Reader
-	read    atomic.Int64
-	written atomic.Int64
-	closed  chan struct{}
-	once    sync.Once
+	c          net.Conn
+	prefix     *bytes.Reader
+	read       atomic.Int64
+	written    atomic.Int64
+	lastActive atomic.Int64 // Unix nanoseconds
+	closed     chan struct{}
+	once       sync.Once
 	// paceUp and paceDown hold the agent to its byte quotas, as a relay's.
 	paceUp, paceDown *pacer
 }
@@ -657,7 +659,14 @@ type prefixConn struct {
 var _ net.Conn = (*prefixConn)(nil)
 
 func newPrefixConn(c net.Conn, prefix []byte) *prefixConn {
-	return &prefixConn{c: c, prefix: bytes.NewReader(prefix), closed: make(chan struct{})}
+	pc := &prefixConn{c: c, prefix: bytes.NewReader(prefix), closed: make(chan struct{})}
+	pc.lastActive.Store(time.Now().UnixNano())
+	return pc
+}
+
+// idle is how long ago bytes last moved either way.
+func (c *prefixConn) idle() time.Duration {
+	return time.Since(time.Unix(0, c.lastActive.Load()))
 }
 
 func (c *prefixConn) Read(b []byte) (int, error) {
@@ -669,6 +678,9 @@ func (c *prefixConn) Read(b []byte) (int, error) {
 	} else {
 		n, err = c.c.Read(b)
 	}
+	if n > 0 {
+		c.lastActive.Store(time.Now().UnixNano())
+	}
 	c.read.Add(int64(n))
 	c.paceUp.moved(int64(n))
 	return n, err
@@ -679,6 +691,9 @@ func (c *prefixConn) Write(b []byte) (int, error) {
 	total := 0
 	for len(b) > 0 {
 		n, err := c.c.Write(b[:c.paceDown.chunk(len(b))])
+		if n > 0 {
+			c.lastActive.Store(time.Now().UnixNano())
+		}
 		c.written.Add(int64(n))
 		c.paceDown.moved(int64(n))
 		total += n

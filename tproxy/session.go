@@ -766,6 +766,9 @@ func (s *session) intercept(t target, hello []byte) {
 		return func() { done(); untrack() }, refused
 	})
 	ended := &ending{stop: func() { cancel(); reset(s.client) }}
+	held := &intercepted{c: c, end: ended.end}
+	s.p.relays.add(held)
+	defer s.p.relays.remove(held)
 	if s.tracked != nil {
 		done, refused := s.tracked.moving(ended.end, func() string { return rejudgeIntercepted(s.current(), t) })
 		defer done()
@@ -802,6 +805,16 @@ func (s *session) intercept(t target, hello []byte) {
 		conn.End(r)
 	}
 }
+
+// intercepted is a connection the Interceptor holds, as the idle sweep
+// and a forced shutdown find it: its bytes pass c, whoever moves them.
+type intercepted struct {
+	c   *prefixConn
+	end func(why string)
+}
+
+func (i *intercepted) idle() time.Duration { return i.c.idle() }
+func (i *intercepted) abort(why string)    { i.end(why) }
 
 // paced holds c to the agent's byte quotas.
 func (s *session) paced(c *prefixConn) *prefixConn {
