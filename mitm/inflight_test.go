@@ -2,10 +2,12 @@ package mitm
 
 import (
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +113,63 @@ func TestRequestRefusedAsItRegisters(t *testing.T) {
 	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/refused" })
 	assert.False(t, rec.Allowed, "record %+v", rec)
 	assert.Equal(t, tproxy.ReasonForgotten, rec.Reason, "record %+v", rec)
+}
+
+// TestUpgradeCountedAndClosed: a WebSocket's bytes are counted in its
+// record, each way; an upstream that switches to another protocol than
+// the one asked for is refused (502) and its connection closed, not left
+// open for as long as it likes.
+func TestUpgradeCountedAndClosed(t *testing.T) {
+	r := newRig(t)
+	r.mux.Handle("/ws", websocket.Handler(func(ws *websocket.Conn) { io.Copy(ws, ws) }))
+	ended := make(chan error, 1)
+	r.mux.HandleFunc("/mismatch", func(w http.ResponseWriter, _ *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+		brw.Flush()
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		ended <- err
+	})
+
+	cfg, err := websocket.NewConfig("wss://api.test/ws", "https://api.test/")
+	require.NoError(t, err)
+	cfg.TlsConfig = &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test"}
+	raw, err := net.Dial("tcp", r.addr)
+	require.NoError(t, err)
+	ws, err := websocket.NewClient(cfg, tls.Client(raw, cfg.TlsConfig))
+	require.NoError(t, err, "websocket handshake")
+	msg := strings.Repeat("x", 10_000)
+	require.NoError(t, websocket.Message.Send(ws, msg))
+	ws.SetDeadline(time.Now().Add(5 * time.Second))
+	var echoed strings.Builder
+	for echoed.Len() < len(msg) { // the echo may come in several frames
+		var got string
+		require.NoError(t, websocket.Message.Receive(ws, &got))
+		echoed.WriteString(got)
+	}
+	require.Equal(t, msg, echoed.String())
+	ws.Close()
+	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/ws" })
+	assert.GreaterOrEqual(t, rec.BytesUp, int64(len(msg)), "record %+v", rec)
+	assert.GreaterOrEqual(t, rec.BytesDown, int64(len(msg)), "record %+v", rec)
+
+	req, err := http.NewRequest(http.MethodGet, "https://api.test/mismatch", nil)
+	require.NoError(t, err)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket") // over HTTP/1.1 to the upstream, as only a WebSocket upgrade is
+	resp, err := r.client(r.addr, false).Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	select {
+	case err := <-ended:
+		assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the upstream connection is still open: %v", err)
+	case <-time.After(15 * time.Second):
+		assert.Fail(t, "the upstream never saw its connection end")
+	}
 }

@@ -370,6 +370,7 @@ type reqState struct {
 	refused     bool      // netguard refused the upstream address
 	redact      *Replacer // nil: nothing to redact
 	wsSub       *Replacer // a WebSocket's client messages' substitutions, or nil
+	upgraded    *upgraded // the upstream's switched connection, once it switched
 }
 
 type reqStateKey struct{}
@@ -388,8 +389,9 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path,
 		Trace: r.Header.Get("Traceparent"), ConnID: egresslog.ConnIDFrom(r.Context())}
 	cw := &httpmeter.Writer{ResponseWriter: w}
+	var upgradedDown int64 // what an upgrade's upstream sent, beneath cw
 	defer func() {
-		rec.Status, rec.BytesDown, rec.Duration = cw.Status, cw.Bytes, time.Since(start)
+		rec.Status, rec.BytesDown, rec.Duration = cw.Status, cw.Bytes+upgradedDown, time.Since(start)
 		if i.Log != nil {
 			i.Log.Record(rec)
 		}
@@ -482,6 +484,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// (http.ErrAbortHandler), which the server recovers from.
 	defer func() {
 		rec.BytesUp = body.Bytes()
+		if u := st.upgraded; u != nil {
+			u.Close()
+			rec.BytesUp += u.up.Load()
+			upgradedDown = u.down.Load()
+		}
 		rec.Secret = strings.Join(st.secrets, ",")
 		var refused interface{ Refused() bool }
 		switch {
@@ -583,7 +590,11 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errInjectFailed
 	}
 	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.pol))
-	return rt.i.transportsFor(st.info.agent).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	res, err := rt.i.transportsFor(st.info.agent).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	if err == nil {
+		takeUpgrade(st, res)
+	}
+	return res, err
 }
 
 var (

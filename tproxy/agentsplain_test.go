@@ -25,7 +25,8 @@ import (
 
 // serveLong runs a plain HTTP server whose exchanges last: /upgrade
 // switches to a line echo (Upgrade: echo), /flood switches and sends
-// floodSize bytes, /stream sends a line every 20 ms for up to 20 s, /cut
+// floodSize bytes, /mismatch switches to another protocol than asked
+// and says on w.mismatchEnded how its connection ended, /stream sends a line every 20 ms for up to 20 s, /cut
 // sends one line of a chunked body and then closes the connection.
 func (w *world) serveLong(ip string) netip.AddrPort {
 	ln := listenLoop(w.t, ip+":0")
@@ -56,6 +57,17 @@ func (w *world) serveLong(ip string) netip.AddrPort {
 			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
 			brw.Write(bytes.Repeat([]byte("x"), floodSize))
 			brw.Flush()
+		case "/mismatch": // switches to another protocol than the one asked for, and waits
+			c, brw, err := http.NewResponseController(rw).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+			brw.Flush()
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			w.mismatchEnded <- err
 		case "/stream":
 			for range 1000 {
 				if _, err := io.WriteString(rw, "tick\n"); err != nil {
@@ -467,4 +479,27 @@ func TestIdleInterceptedEnds(t *testing.T) {
 	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "an idle intercepted connection still open after 5 s")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.test" && !r.Open })
 	assert.Equal(t, ReasonIdle, r.Reason, "record %+v", r)
+}
+
+// TestRefusedSwitchClosesTheUpstream: an upstream that switches to
+// another protocol than the one asked for is refused (502), and its
+// connection closed: the forwarder leaves it open, and an agent whose
+// server answers so would make the gateway hold a connection for each
+// request.
+func TestRefusedSwitchClosesTheUpstream(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, nil)
+			w.mismatchEnded = make(chan error, 1)
+			addr := w.serveLong("127.0.0.2")
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", p.target(addr, "/mismatch"), addr.Port())
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+			err = <-w.mismatchEnded
+			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the upstream connection is still open: %v", err)
+		})
+	}
 }

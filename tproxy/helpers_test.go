@@ -42,6 +42,7 @@ type world struct {
 
 	tlsAddr, httpAddr, bannerAddr, echoAddr netip.AddrPort // on 127.0.0.2
 	otherTLS                                netip.AddrPort // 127.0.0.3: the "wrong" server
+	mismatchEnded                           chan error     // serveLong's /mismatch: how its connection ended
 }
 
 func newWorld(t *testing.T, allow []string, configure func(*Proxy)) *world {

@@ -377,8 +377,8 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		p.relays.closeAll() // first, so that each says why it ended, rather than end by its context
 		p.cancelAll()
-		p.relays.closeAll()
 		p.httpSrv.Close()
 		<-done
 		return ctx.Err()

@@ -44,8 +44,12 @@ func (p *Proxy) beginUpgrade(st *plainState, res *http.Response) error {
 	return nil
 }
 
-// endUpgrade is the end of u, once the forwarder is done with it.
+// endUpgrade is the end of u, once the forwarder is done with it. It
+// closes the upstream: the forwarder does not when it refuses the switch
+// (to another protocol than the one asked for), and the connection would
+// stay open for as long as the upstream liked.
 func (p *Proxy) endUpgrade(u *upgraded) {
+	u.Close()
 	p.relays.remove(u)
 	p.sessionsWG.Done()
 }
