@@ -324,11 +324,7 @@ type pacedBody struct {
 	pace *pacer
 }
 
-func (b *pacedBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p[:b.pace.chunk(len(p))])
-	b.pace.moved(int64(n))
-	return n, err
-}
+func (b *pacedBody) Read(p []byte) (int, error) { return b.pace.read(b.ReadCloser, p) }
 
 // pacedWriter holds a response body to its agent's rate down. Unwrap lets
 // http.ResponseController reach the writer beneath (to flush).
@@ -337,19 +333,7 @@ type pacedWriter struct {
 	pace *pacer
 }
 
-func (w *pacedWriter) Write(b []byte) (int, error) {
-	total := 0
-	for len(b) > 0 {
-		n, err := w.ResponseWriter.Write(b[:w.pace.chunk(len(b))])
-		w.pace.moved(int64(n))
-		total += n
-		b = b[n:]
-		if err != nil {
-			return total, err
-		}
-	}
-	return total, nil
-}
+func (w *pacedWriter) Write(b []byte) (int, error) { return w.pace.write(w.ResponseWriter, b) }
 
 func (w *pacedWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 

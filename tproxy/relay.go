@@ -96,6 +96,29 @@ func (pc *pacer) moved(n int64) {
 	}
 }
 
+// read reads into p from r, at most a chunk, and charges what it read.
+func (pc *pacer) read(r io.Reader, p []byte) (int, error) {
+	n, err := r.Read(p[:pc.chunk(len(p))])
+	pc.moved(int64(n))
+	return n, err
+}
+
+// write writes b to w in chunks, each charged as it is written, so that
+// a large write waits its turn in pieces.
+func (pc *pacer) write(w io.Writer, b []byte) (int, error) {
+	total := 0
+	for len(b) > 0 {
+		n, err := w.Write(b[:pc.chunk(len(b))])
+		pc.moved(int64(n))
+		total += n
+		b = b[n:]
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
 // abort ends both directions at once with a reset, so that a reset on one
 // side surfaces as a reset on the other.
 func (r *relay) abort(why string) {
@@ -670,39 +693,26 @@ func (c *prefixConn) idle() time.Duration {
 }
 
 func (c *prefixConn) Read(b []byte) (int, error) {
-	var n int
-	var err error
-	b = b[:c.paceUp.chunk(len(b))]
+	var src io.Reader = c.c
 	if c.prefix.Len() > 0 {
-		n, err = c.prefix.Read(b)
-	} else {
-		n, err = c.c.Read(b)
+		src = c.prefix
 	}
+	n, err := c.paceUp.read(src, b)
 	if n > 0 {
 		c.lastActive.Store(time.Now().UnixNano())
 	}
 	c.read.Add(int64(n))
-	c.paceUp.moved(int64(n))
 	return n, err
 }
 
 // Write writes b, in chunks its pacer allows.
 func (c *prefixConn) Write(b []byte) (int, error) {
-	total := 0
-	for len(b) > 0 {
-		n, err := c.c.Write(b[:c.paceDown.chunk(len(b))])
-		if n > 0 {
-			c.lastActive.Store(time.Now().UnixNano())
-		}
-		c.written.Add(int64(n))
-		c.paceDown.moved(int64(n))
-		total += n
-		b = b[n:]
-		if err != nil {
-			return total, err
-		}
+	n, err := c.paceDown.write(c.c, b)
+	if n > 0 {
+		c.lastActive.Store(time.Now().UnixNano())
 	}
-	return total, nil
+	c.written.Add(int64(n))
+	return n, err
 }
 
 // Close closes the connection and signals whoever waits for it.

@@ -56,32 +56,22 @@ func (p *Proxy) endUpgrade(u *upgraded) {
 
 // Read reads what the upstream sends the client.
 func (u *upgraded) Read(p []byte) (int, error) {
-	n, err := u.ReadWriteCloser.Read(p[:u.paceDown.chunk(len(p))])
+	n, err := u.paceDown.read(u.ReadWriteCloser, p)
 	if n > 0 {
 		u.lastActive.Store(time.Now().UnixNano())
 		u.down.Add(int64(n))
-		u.paceDown.moved(int64(n))
 	}
 	return n, err
 }
 
 // Write writes what the client sends the upstream.
 func (u *upgraded) Write(p []byte) (int, error) {
-	total := 0
-	for len(p) > 0 {
-		n, err := u.ReadWriteCloser.Write(p[:u.paceUp.chunk(len(p))])
-		if n > 0 {
-			u.lastActive.Store(time.Now().UnixNano())
-			u.up.Add(int64(n))
-			u.paceUp.moved(int64(n))
-		}
-		total += n
-		p = p[n:]
-		if err != nil {
-			return total, err
-		}
+	n, err := u.paceUp.write(u.ReadWriteCloser, p)
+	if n > 0 {
+		u.lastActive.Store(time.Now().UnixNano())
+		u.up.Add(int64(n))
 	}
-	return total, nil
+	return n, err
 }
 
 func (u *upgraded) idle() time.Duration {
