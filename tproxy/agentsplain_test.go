@@ -116,16 +116,24 @@ var plainPaths = []plainPath{
 	}},
 }
 
+// send sends a GET for path on c, with extra header lines.
+func (p plainPath) send(c net.Conn, addr netip.AddrPort, path string, header ...string) {
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n%s\r\n", p.target(addr, path), addr.Port(), strings.Join(append(header, ""), "\r\n"))
+}
+
+// upgradeHeader asks for the echo protocol.
+var upgradeHeader = []string{"Connection: Upgrade", "Upgrade: echo"}
+
 // openExchange sends a request for path on p and reads its answer's
 // head: an upgrade's 101, or a stream's first line.
 func openExchange(t *testing.T, w *world, p plainPath, addr netip.AddrPort, path string) (net.Conn, *bufio.Reader) {
 	c := p.open(w, addr)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
-	upgrade := ""
 	if path == "/upgrade" {
-		upgrade = "Connection: Upgrade\r\nUpgrade: echo\r\n"
+		p.send(c, addr, path, upgradeHeader...)
+	} else {
+		p.send(c, addr, path)
 	}
-	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n%s\r\n", p.target(addr, path), addr.Port(), upgrade)
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
 	require.NoError(t, err)
@@ -232,7 +240,7 @@ func TestPlainHTTPForgottenWhileJudged(t *testing.T) {
 			addr := w.serveLong("127.0.0.2")
 			c := p.open(w, addr)
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n\r\n", p.target(addr, "/stream"), addr.Port())
+			p.send(c, addr, "/stream")
 			require.Eventually(t, func() bool { return len(b.Pending()) == 1 }, 5*time.Second, time.Millisecond, "no approval request")
 			w.proxy.Forget("a1")
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -257,7 +265,7 @@ func TestPlainHTTPCutStreamIsRecorded(t *testing.T) {
 			addr := w.serveLong("127.0.0.2")
 			c := p.open(w, addr)
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\n\r\n", p.target(addr, "/cut"), addr.Port())
+			p.send(c, addr, "/cut")
 			io.Copy(io.Discard, c)
 			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/cut" })
 			assert.True(t, r.Allowed, "record %+v", r)
@@ -267,11 +275,20 @@ func TestPlainHTTPCutStreamIsRecorded(t *testing.T) {
 	}
 }
 
-// curlHelloFor is curl's ClientHello, for name.
-func curlHelloFor(t *testing.T, name string) []byte {
+// interceptedEcho opens a transparent connection to api.test that an
+// echoing Interceptor holds, and has it echo curl's ClientHello.
+func (w *world) interceptedEcho() net.Conn {
+	w.t.Helper()
 	curl, err := os.ReadFile("testdata/clienthello/curl-7.88-openssl-3.0.bin")
-	require.NoError(t, err)
-	return withServerName(t, curl, name)
+	require.NoError(w.t, err)
+	hello := withServerName(w.t, curl, "api.test")
+	c := w.dial(w.tlsAddr)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = c.Write(hello)
+	require.NoError(w.t, err)
+	_, err = io.ReadFull(c, make([]byte, len(hello)))
+	require.NoError(w.t, err, "the interceptor's echo")
+	return c
 }
 
 // echoInterceptor claims api.test and echoes what it is sent, the
@@ -307,13 +324,7 @@ func TestInterceptedEndsOnForgetAndRejudge(t *testing.T) {
 	} {
 		t.Run(a.name, func(t *testing.T) {
 			w := newWorld(t, []string{"api.test:*"}, func(p *Proxy) { p.Interceptor = echoInterceptor{} })
-			c := w.dial(w.tlsAddr)
-			hello := curlHelloFor(t, "api.test")
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			_, err := c.Write(hello)
-			require.NoError(t, err)
-			_, err = io.ReadFull(c, make([]byte, len(hello)))
-			require.NoError(t, err, "the interceptor's echo")
+			c := w.interceptedEcho()
 			require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 1 }, 5*time.Second, 10*time.Millisecond)
 			a.act(w)
 			br := bufio.NewReader(c)
@@ -344,7 +355,7 @@ func TestUpgradeHeldAndCounted(t *testing.T) {
 			c := p.open(w, addr)
 			c.SetDeadline(time.Now().Add(20 * time.Second))
 			start := time.Now()
-			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", p.target(addr, "/flood"), addr.Port())
+			p.send(c, addr, "/flood", upgradeHeader...)
 			br := bufio.NewReader(c)
 			resp, err := http.ReadResponse(br, nil)
 			require.NoError(t, err)
@@ -442,13 +453,7 @@ func TestInterceptedRequestsEndOnForgetAndRejudge(t *testing.T) {
 		t.Run(a.name, func(t *testing.T) {
 			ic := inFlightInterceptor{ended: make(chan string, 1)}
 			w := newWorld(t, []string{"GET api.test:*/ws"}, func(p *Proxy) { p.Interceptor = ic })
-			c := w.dial(w.tlsAddr)
-			hello := curlHelloFor(t, "api.test")
-			c.SetDeadline(time.Now().Add(10 * time.Second))
-			_, err := c.Write(hello)
-			require.NoError(t, err)
-			_, err = io.ReadFull(c, make([]byte, len(hello)))
-			require.NoError(t, err, "the interceptor's echo")
+			w.interceptedEcho()
 			a.act(w)
 			select {
 			case why := <-ic.ended:
@@ -468,15 +473,9 @@ func TestIdleInterceptedEnds(t *testing.T) {
 		p.Interceptor = echoInterceptor{}
 		p.IdleTimeout = 300 * time.Millisecond
 	})
-	c := w.dial(w.tlsAddr)
-	hello := curlHelloFor(t, "api.test")
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.Write(hello)
-	require.NoError(t, err)
-	_, err = io.ReadFull(c, make([]byte, len(hello)))
-	require.NoError(t, err, "the interceptor's echo")
-	_, err = c.Read(make([]byte, 1))
-	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "an idle intercepted connection still open after 5 s")
+	c := w.interceptedEcho()
+	_, err := c.Read(make([]byte, 1))
+	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "an idle intercepted connection still open after 10 s")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.Host == "api.test" && !r.Open })
 	assert.Equal(t, ReasonIdle, r.Reason, "record %+v", r)
 }
@@ -494,7 +493,7 @@ func TestRefusedSwitchClosesTheUpstream(t *testing.T) {
 			addr := w.serveLong("127.0.0.2")
 			c := p.open(w, addr)
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: svc.test:%d\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n", p.target(addr, "/mismatch"), addr.Port())
+			p.send(c, addr, "/mismatch", upgradeHeader...)
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
