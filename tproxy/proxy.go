@@ -31,7 +31,9 @@ type NamesFunc func(agent string, addr netip.Addr) []string
 // proxy already read) and returns when the connection is done, with why
 // it failed as a whole, if it did (the client refused the certificate),
 // for the connection's record. It judges each request by the agent's
-// policy as current returns it then.
+// policy as current returns it then, and registers each it forwards with
+// the policy.InFlight of ctx, so that Rejudge and Forget reach a request
+// in flight (a WebSocket, a stream) as they reach a connection.
 type Interceptor interface {
 	Claims(agent, host string) bool
 	Intercept(ctx context.Context, conn net.Conn, agent string, current policy.Current, host string, port uint16) error
