@@ -26,7 +26,8 @@ import (
 // serveLong runs a plain HTTP server whose exchanges last: /upgrade
 // switches to a line echo (Upgrade: echo), /flood switches and sends
 // floodSize bytes, /mismatch switches to another protocol than asked
-// and says on w.mismatchEnded how its connection ended, /stream sends a line every 20 ms for up to 20 s, /cut
+// and says on w.mismatchEnded how its connection ended, /sink reads a
+// request body as long as it comes, /stream sends a line every 20 ms for up to 20 s, /cut
 // sends one line of a chunked body and then closes the connection.
 func (w *world) serveLong(ip string) netip.AddrPort {
 	ln := listenLoop(w.t, ip+":0")
@@ -68,6 +69,8 @@ func (w *world) serveLong(ip string) netip.AddrPort {
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			_, err = c.Read(make([]byte, 1))
 			w.mismatchEnded <- err
+		case "/sink": // reads the request body, as long as it comes
+			io.Copy(io.Discard, r.Body)
 		case "/stream":
 			for range 1000 {
 				if _, err := io.WriteString(rw, "tick\n"); err != nil {
@@ -500,5 +503,48 @@ func TestRefusedSwitchClosesTheUpstream(t *testing.T) {
 			err = <-w.mismatchEnded
 			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the upstream connection is still open: %v", err)
 		})
+	}
+}
+
+// TestEndlessUploadEndsOnForgetAndRejudge: a request whose body streams
+// up without end, to an upstream that reads it all, stops going up when
+// its agent is forgotten or a policy change refuses its host.
+func TestEndlessUploadEndsOnForgetAndRejudge(t *testing.T) {
+	for _, p := range plainPaths {
+		for _, a := range []struct {
+			name string
+			act  func(w *world)
+		}{
+			{"forget", func(w *world) { w.proxy.Forget("a1") }},
+			{"deny all", func(w *world) {
+				w.setPolicy(policy.Config{Mode: policy.DenyAll})
+				w.proxy.Rejudge("a1")
+			}},
+		} {
+			t.Run(p.name+"/"+a.name, func(t *testing.T) {
+				w := newWorld(t, []string{"svc.test:*"}, nil)
+				addr := w.serveLong("127.0.0.2")
+				c := p.open(w, addr)
+				p.send(c, addr, "/sink", "Transfer-Encoding: chunked")
+				chunk := []byte(fmt.Sprintf("%x\r\n%s\r\n", 16<<10, bytes.Repeat([]byte("u"), 16<<10)))
+				c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				for range 64 { // 1 MiB up before the change
+					_, err := c.Write(chunk)
+					require.NoError(t, err)
+				}
+				require.Eventually(t, func() bool {
+					v, ok := w.proxy.agentConns.Load("a1")
+					return ok && len(movingIn(v.(*connSet).snapshot())) > 0
+				}, 5*time.Second, 10*time.Millisecond, "the upload is not being forwarded")
+				a.act(w)
+				c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+				var err error
+				for i := 0; err == nil && i < 100_000; i++ { // at most 1.6 GiB
+					_, err = c.Write(chunk)
+				}
+				assert.Error(t, err, "the upload still goes up")
+				assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the upload was held, not ended: %v", err)
+			})
+		}
 	}
 }
