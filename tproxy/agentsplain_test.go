@@ -26,7 +26,8 @@ import (
 // serveLong runs a plain HTTP server whose exchanges last: /upgrade
 // switches to a line echo (Upgrade: echo), /flood switches and sends
 // floodSize bytes, /mismatch switches to another protocol than asked
-// and says on w.mismatchEnded how its connection ended, /sink reads a
+// and says on w.mismatchEnded how its connection ended, /quiet sends a
+// line and then nothing for 20 s, /sink reads a
 // request body as long as it comes, /stream sends a line every 20 ms for up to 20 s, /cut
 // sends one line of a chunked body and then closes the connection.
 func (w *world) serveLong(ip string) netip.AddrPort {
@@ -69,6 +70,13 @@ func (w *world) serveLong(ip string) netip.AddrPort {
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			_, err = c.Read(make([]byte, 1))
 			w.mismatchEnded <- err
+		case "/quiet": // a response that begins, then says nothing
+			io.WriteString(rw, "first\n")
+			http.NewResponseController(rw).Flush()
+			select {
+			case <-r.Context().Done():
+			case <-time.After(20 * time.Second):
+			}
 		case "/sink": // reads the request body, as long as it comes
 			io.Copy(io.Discard, r.Body)
 		case "/stream":
@@ -546,5 +554,38 @@ func TestEndlessUploadEndsOnForgetAndRejudge(t *testing.T) {
 				assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the upload was held, not ended: %v", err)
 			})
 		}
+	}
+}
+
+// TestSilentResponseEnds: a plain HTTP response that begins and then
+// moves nothing for the idle timeout (an event stream with no events) is
+// ended, with a record that says so; one that keeps moving is not.
+func TestSilentResponseEnds(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, func(px *Proxy) { px.IdleTimeout = 300 * time.Millisecond })
+			addr := w.serveLong("127.0.0.2")
+			kept, keptBr := openExchange(t, w, p, addr, "/stream") // a line every 20 ms
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			p.send(c, addr, "/quiet")
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			_, err = io.Copy(io.Discard, resp.Body)
+			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "a silent response still open after 10 s")
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/quiet" })
+			assert.Equal(t, ReasonIdle, r.Reason, "record %+v", r)
+
+			kept.SetDeadline(time.Now().Add(5 * time.Second))
+			for ticks := 0; ticks < 10; { // 200 ms more of it, well past the idle timeout since it began
+				line, err := keptBr.ReadString('\n') // the chunked body, line by line
+				require.NoError(t, err, "a response that keeps moving was ended")
+				if line == "tick\n" {
+					ticks++
+				}
+			}
+		})
 	}
 }

@@ -82,13 +82,14 @@
 // TestPolicyChangeWhileDialling, TestForgetEndsTheUpstreamToo,
 // TestPlainHTTPEndsOnForgetAndRejudge,
 // TestInterceptedEndsOnForgetAndRejudge,
-// TestInterceptedRequestsEndOnForgetAndRejudge). An upgrade's tunnel,
-// which the forwarder copies beneath every response writer, passes
-// through one place of its own (upgraded): counted for its record, held
-// to the agent's byte rate, swept for idleness, waited for by Shutdown
-// and ended by a forced one, as a relay is; an intercepted connection is
-// swept for idleness too, by the bytes that pass its client connection
-// (mover: whatever moves bytes, the idle sweep finds).
+// TestInterceptedRequestsEndOnForgetAndRejudge). What moves bytes is
+// what the idle sweep and a forced Shutdown find too (mover): a relay; a
+// plain HTTP request being forwarded (forwarding), idle while neither its
+// body, its response nor its upgrade's tunnel moves; an intercepted
+// connection, by the bytes that pass its client connection. An upgrade's
+// tunnel, which the forwarder copies beneath every response writer,
+// passes through one place of its own (upgraded): counted for its
+// record, held to the agent's byte rate, and waited for by Shutdown.
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.

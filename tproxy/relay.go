@@ -594,8 +594,8 @@ func closeWrite(c net.Conn) {
 }
 
 // mover is what moves a connection's bytes, as the idle sweep and a
-// forced shutdown find it: a relay, an upgraded HTTP exchange, or an
-// intercepted connection.
+// forced shutdown find it: a relay, a plain HTTP request being forwarded
+// (an upgrade's tunnel too), or an intercepted connection.
 type mover interface {
 	idle() time.Duration
 	abort(why string)

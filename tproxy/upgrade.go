@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
-	"time"
 )
 
 // upgraded is the upstream side of a plain HTTP exchange that switched
@@ -13,17 +12,16 @@ import (
 // and from the client's connection until either ends. It is the one
 // place such a tunnel's bytes pass: they are counted for its record,
 // held to the agent's quotas (on the explicit proxy: a transparent
-// connection is held on the connection itself), and timed, so that the
-// idle sweep and a forced shutdown find it as they find a relay. It is
-// a session of its own, which Shutdown waits for: the server it came
-// through no longer knows the connection it took over.
+// connection is held on the connection itself), and noted as its
+// request's activity (forwarding), which the idle sweep and a forced
+// shutdown find. It is a session of its own, which Shutdown waits for:
+// the server it came through no longer knows the connection it took
+// over.
 type upgraded struct {
 	io.ReadWriteCloser
 	paceUp, paceDown *pacer
 	up, down         atomic.Int64
-	lastActive       atomic.Int64 // Unix nanoseconds
-	// end ends the exchange, saying why (its request's ending).
-	end func(why string)
+	request          *forwarding
 }
 
 // beginUpgrade takes over res, st's upstream's switch of protocols; an
@@ -37,10 +35,8 @@ func (p *Proxy) beginUpgrade(st *plainState, res *http.Response) error {
 		rwc.Close()
 		return errors.New(ReasonShuttingDown)
 	}
-	u := &upgraded{ReadWriteCloser: rwc, paceUp: st.paceUp, paceDown: st.paceDown, end: st.ended.end}
-	u.lastActive.Store(time.Now().UnixNano())
-	st.upgraded, res.Body = u, u
-	p.relays.add(u)
+	st.upgraded = &upgraded{ReadWriteCloser: rwc, paceUp: st.paceUp, paceDown: st.paceDown, request: st.forwarding}
+	res.Body = st.upgraded
 	return nil
 }
 
@@ -50,7 +46,6 @@ func (p *Proxy) beginUpgrade(st *plainState, res *http.Response) error {
 // stay open for as long as the upstream liked.
 func (p *Proxy) endUpgrade(u *upgraded) {
 	u.Close()
-	p.relays.remove(u)
 	p.sessionsWG.Done()
 }
 
@@ -58,7 +53,7 @@ func (p *Proxy) endUpgrade(u *upgraded) {
 func (u *upgraded) Read(p []byte) (int, error) {
 	n, err := u.paceDown.read(u.ReadWriteCloser, p)
 	if n > 0 {
-		u.lastActive.Store(time.Now().UnixNano())
+		u.request.touch()
 		u.down.Add(int64(n))
 	}
 	return n, err
@@ -68,14 +63,8 @@ func (u *upgraded) Read(p []byte) (int, error) {
 func (u *upgraded) Write(p []byte) (int, error) {
 	n, err := u.paceUp.write(u.ReadWriteCloser, p)
 	if n > 0 {
-		u.lastActive.Store(time.Now().UnixNano())
+		u.request.touch()
 		u.up.Add(int64(n))
 	}
 	return n, err
 }
-
-func (u *upgraded) idle() time.Duration {
-	return time.Since(time.Unix(0, u.lastActive.Load()))
-}
-
-func (u *upgraded) abort(why string) { u.end(why) }
