@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"runtime"
 	"slices"
@@ -559,4 +560,46 @@ func minimalRelay(b *testing.B, up string) string {
 		io.Copy(c, u)
 	})
 	return ln.Addr().String()
+}
+
+// BenchmarkPlainRequests sends b.N plain HTTP requests on kept-alive
+// connections from 8 clients, directly and through the explicit proxy
+// (absolute-form, each judged, tracked and recorded on its own),
+// interleaved, and reports requests per second and their ratio.
+func BenchmarkPlainRequests(b *testing.B) {
+	ln := listenLoop(b, "127.0.0.2:0")
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Close() })
+	up := netip.MustParseAddrPort(ln.Addr().String())
+	explicit := benchExplicit(b, up.Addr())
+	direct := &http.Transport{MaxIdleConnsPerHost: 8}
+	viaProxy := &http.Transport{MaxIdleConnsPerHost: 8, Proxy: func(*http.Request) (*url.URL, error) { return url.Parse("http://" + explicit) }}
+	b.Cleanup(direct.CloseIdleConnections)
+	b.Cleanup(viaProxy.CloseIdleConnections)
+	get := func(tr *http.Transport, target string) error {
+		resp, err := (&http.Client{Transport: tr}).Get(target)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
+		}
+		return nil
+	}
+	d, p, ratio := interleave(b.N, func(n int, proxied bool) float64 {
+		return parallel(b, 8, n, func() error {
+			if proxied {
+				return get(viaProxy, fmt.Sprintf("http://bench.test:%d/", up.Port()))
+			}
+			return get(direct, "http://"+up.String()+"/")
+		})
+	})
+	b.ReportMetric(d, "direct-req/s")
+	b.ReportMetric(p, "proxied-req/s")
+	b.ReportMetric(ratio, "ratio")
 }
