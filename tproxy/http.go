@@ -229,7 +229,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	defer p.relays.remove(fw)
 	cw := &httpmeter.Writer{ResponseWriter: fw.watch(w, r)}
 	body := httpmeter.CountBody(r)
-	st := &plainState{p: p, agent: agent, pol: pol, target: t, rec: &rec, paceUp: paceUp, paceDown: paceDown, ended: ended, forwarding: fw}
+	st := &plainState{p: p, agent: agent, pol: pol, target: t, rec: &rec, paceUp: paceUp, paceDown: paceDown, forwarding: fw}
 	notes := new(egresslog.Notes)
 	// Recorded however the forwarding ends: a response cut short
 	// mid-stream ends it with a panic (http.ErrAbortHandler), which the
@@ -260,9 +260,8 @@ type plainState struct {
 	target target
 	rec    *egresslog.Record
 	// The agent's quotas, when the request holds them (the explicit
-	// proxy's), what ends the request, and its activity.
+	// proxy's), and its activity.
 	paceUp, paceDown *pacer
-	ended            *ending
 	forwarding       *forwarding
 	// upgraded is its tunnel, once its upstream switched protocols.
 	upgraded *upgraded
