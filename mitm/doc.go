@@ -17,8 +17,10 @@
 // Each request is judged by the policy as it is when the request comes;
 // one being forwarded (a stream, a WebSocket) registers with the
 // policy.InFlight of the context it was handed (tproxy gives one), which
-// ends it when a policy change refuses its host, method or path, or its
-// agent is forgotten (inFlight, inflight.go).
+// ends it when its agent is forgotten, or a policy change refuses it,
+// judged again as it was judged, by its host, method, path, override
+// methods and MCP messages, its body gone on (policy.DecideAgain;
+// inFlight, inflight.go).
 //
 // What the sandbox may see of a secret is decided in one place: in an
 // exchange that could carry one (its rule names the host), everything

@@ -10,13 +10,13 @@ import (
 
 // inFlight registers r, about to be forwarded, with the policy.InFlight
 // of the block that handed over its connection, if there is one, so that
-// a policy change that refuses its host, method or path, or its agent's
-// removal, ends it while it is forwarded (a WebSocket, a stream): it
-// returns the context to forward it under, which that ends; why it was
-// ended, once it is; what to call when it is done; and whether it is
-// refused at once. Its body, judged as it came (an MCP message), is not
-// read again.
-func inFlight(r *http.Request, host string, info *connInfo) (ctx context.Context, ended func() (string, bool), done func(), refused bool) {
+// a policy change that refuses it (judged, its body gone on, by what
+// judged was decided of: policy.DecideAgain), or its agent's removal,
+// ends it while it is forwarded (a WebSocket, a stream, a long MCP tool
+// call): it returns the context to forward it under, which that ends;
+// why it was ended, once it is; what to call when it is done; and
+// whether it is refused at once.
+func inFlight(r *http.Request, judged policy.Decision, info *connInfo) (ctx context.Context, ended func() (string, bool), done func(), refused bool) {
 	track := policy.InFlightFrom(r.Context())
 	if track == nil {
 		return r.Context(), func() (string, bool) { return "", false }, func() {}, false
@@ -27,13 +27,12 @@ func inFlight(r *http.Request, host string, info *connInfo) (ctx context.Context
 		why.CompareAndSwap(nil, &reason)
 		cancel()
 	}
-	method, path := r.Method, r.URL.EscapedPath()
 	rejudge := func() string {
 		var now *policy.Policy
 		if info.current != nil {
 			now = info.current()
 		}
-		if d := now.DecideRequest(host, info.port, method, path); !d.Allowed {
+		if d := now.DecideAgain(judged); !d.Allowed {
 			return d.Reason
 		}
 		return ""

@@ -1,8 +1,10 @@
 package mitm
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/websocket"
@@ -171,5 +174,101 @@ func TestUpgradeCountedAndClosed(t *testing.T) {
 		assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the upstream connection is still open: %v", err)
 	case <-time.After(15 * time.Second):
 		assert.Fail(t, "the upstream never saw its connection end")
+	}
+}
+
+// TestMCPToolCallEndsWhenItsToolIsRefused: a tools/call that lasts (a
+// long tool), through tproxy and the Interceptor, ends when a policy
+// change refuses its tool on an endpoint the change still allows, by
+// the message judged as it came (its body gone on long since), with a
+// record that says why; a change that still allows the tool leaves it
+// to finish.
+func TestMCPToolCallEndsWhenItsToolIsRefused(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		for _, tc := range []struct {
+			name, tools, reason string // reason "": kept
+		}{
+			{"refused", "search", tproxy.ReasonPolicyChanged + policy.ReasonMCPTool},
+			{"kept", "search,slow", ""},
+		} {
+			t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2]+"/"+tc.name, func(t *testing.T) {
+				r := newRig(t)
+				started, release := make(chan struct{}, 1), make(chan struct{})
+				s := mcp.NewServer(&mcp.Implementation{Name: "slow-tools", Version: "1"}, nil)
+				mcp.AddTool(s, &mcp.Tool{Name: "slow", Description: "runs until released"}, func(ctx context.Context, _ *mcp.CallToolRequest, _ queryArgs) (*mcp.CallToolResult, any, error) {
+					started <- struct{}{}
+					select {
+					case <-release:
+					case <-ctx.Done():
+					case <-time.After(20 * time.Second):
+					}
+					return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+				})
+				r.mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, &mcp.StreamableHTTPOptions{DisableLocalhostProtection: true}))
+				endpoint := fmt.Sprintf("https://api.test:%d/mcp", r.upPort)
+				setTools := func(tools string) {
+					pol, err := policy.New(policy.Config{Allow: []string{"mcp " + endpoint + " tools=" + tools}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+					require.NoError(t, err)
+					r.changed.Store(pol)
+				}
+				setTools("search,slow")
+				p := &tproxy.Proxy{
+					Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
+					Guard:    r.ic.Guard,
+					Resolver: r.ic.Resolver,
+					Log:      r.log,
+					OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
+						return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
+					},
+					Interceptor: r.ic,
+				}
+				ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
+				require.NoError(t, err)
+				go p.Serve(ln)
+				t.Cleanup(func() { p.Close() })
+
+				client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil)
+				session, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{
+					Endpoint: endpoint, HTTPClient: r.client(ln.Addr().String(), h2), MaxRetries: -1,
+				}, nil)
+				require.NoError(t, err, "the session starts through the gateway")
+				defer session.Close()
+				called := make(chan error, 1)
+				go func() {
+					_, err := session.CallTool(t.Context(), &mcp.CallToolParams{Name: "slow", Arguments: queryArgs{Query: "long"}})
+					called <- err
+				}()
+				select {
+				case <-started:
+				case <-time.After(5 * time.Second):
+					require.FailNow(t, "the tool never started")
+				}
+
+				setTools(tc.tools)
+				p.Rejudge("a1")
+				if tc.reason == "" {
+					close(release)
+				}
+				select {
+				case err := <-called:
+					if tc.reason == "" {
+						assert.NoError(t, err, "a call the policy still allows")
+					} else {
+						assert.Error(t, err, "the call was not ended")
+					}
+				case <-time.After(5 * time.Second):
+					assert.Fail(t, "the call is still open 5 s after the change")
+				}
+				if tc.reason != "" {
+					close(release)
+				}
+				rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Tool == "slow" })
+				if tc.reason != "" {
+					assert.Equal(t, tc.reason, rec.Reason, "record %+v", rec)
+				} else {
+					assert.Equal(t, policy.ReasonAllowedByRule, rec.Reason, "record %+v", rec)
+				}
+			})
+		}
 	}
 }

@@ -469,7 +469,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ctx, ended, done, stopped := inFlight(r, host, info)
+	ctx, ended, done, stopped := inFlight(r, d, info)
 	defer done()
 	if stopped { // by a policy change, or the agent's removal, since it was judged
 		why, _ := ended()

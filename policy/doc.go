@@ -29,7 +29,10 @@
 // it is judged by DecideRequest, or DecideHTTP, which reads an MCP
 // endpoint's messages too ("mcp https://mcp.example.com/mcp
 // tools=search,fetch", or Config.MCP): tools/call by the tool's name,
-// other methods by a list. Paths are judged as a server reads them
+// other methods by a list. DecideAgain judges by another policy, by the
+// same code, what DecideHTTP read of a request, so that a policy change
+// can end a request being forwarded (a stream, a long tool call) whose
+// body has gone on. Paths are judged as a server reads them
 // (parameters dropped, escapes decoded, dot segments resolved, an
 // encoded slash never a boundary for an allow entry); what does not
 // normalise cleanly is refused with its reason.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -134,75 +133,6 @@ func compileMCP(e MCPEndpoint) (compiledRequest, error) {
 	}}, nil
 }
 
-// DecideHTTP judges one HTTP request whose Host names host on port: by
-// its method and path (DecideRequest), by the method it may ask an
-// upstream to take instead (X-HTTP-Method-Override and the like, and a
-// _method query parameter), and, posted to an MCP endpoint, by its
-// JSON-RPC messages. To judge those it reads the body (up to
-// MaxMCPBody) and puts back what it read, so that r can be forwarded as
-// it came. It is the one place a proxy judges a request: tproxy's plain
-// HTTP and mitm's intercepted requests both call it.
-func (p *Policy) DecideHTTP(r *http.Request, host string, port uint16) Decision {
-	d := p.DecideRequest(host, port, r.Method, r.URL.EscapedPath())
-	rule := d.mcp
-	d.mcp = nil
-	if d.Allowed && !d.Report && d.Requests {
-		// A method an upstream may take in place of the request's own
-		// (Rails, Laravel, Google's APIs): the request must be allowed as
-		// that method too.
-		for _, m := range overrideMethods(r) {
-			if o := p.DecideRequest(host, port, m, r.URL.EscapedPath()); !o.Allowed || o.Report {
-				o.mcp = nil
-				return o
-			}
-		}
-	}
-	if rule == nil || !d.Allowed {
-		return d
-	}
-	deny := func(why string) Decision {
-		return p.finish(Decision{Name: d.Name, Rule: d.Rule, Reason: why, Tool: d.Tool, Requests: true})
-	}
-	if r.Header.Get("Upgrade") != "" {
-		// A WebSocket (or any protocol) on the endpoint would carry
-		// messages no judge reads.
-		return deny(ReasonMCPUpgrade)
-	}
-	if r.Method != http.MethodPost {
-		// The event stream and the session's end carry no message: a
-		// body there is one no judge has read, whatever a server does
-		// with it.
-		if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
-			return deny(ReasonMCPBodyUnjudged)
-		}
-		return d
-	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return deny(ReasonMCPNotJSONRPC)
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxMCPBody+1))
-	r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	r.TransferEncoding = nil
-	switch {
-	case err != nil:
-		return deny(ReasonMCPUnread)
-	case len(body) > MaxMCPBody:
-		return deny(ReasonMCPTooLarge)
-	}
-	tools, why := rule.judge(body)
-	d.Tool = strings.Join(tools, ",")
-	if why != "" {
-		refused := deny(why)
-		if !refused.Allowed {
-			refused.JSONRPCReply = rpcRefusal(body, why)
-		}
-		return refused
-	}
-	return d
-}
-
 // MCPErrorCode is the JSON-RPC error code of a message the gateway
 // refused: in the range JSON-RPC leaves to servers.
 const MCPErrorCode = -32001
@@ -254,64 +184,56 @@ func rpcRefusal(body []byte, reason string) string {
 	return string(out)
 }
 
-// overrideHeaders carry a method that some upstreams take in place of
-// the request's.
-var overrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
-
-// overrideMethods are the methods a request asks an upstream to take in
-// place of its own: the override headers' and the _method query
-// parameter's. Rails and Laravel also read _method from a form body,
-// which is not read here: on such an upstream, a POST entry allows what
-// the form says.
-func overrideMethods(r *http.Request) []string {
-	var out []string
-	for _, h := range overrideHeaders {
-		out = append(out, r.Header.Values(h)...)
-	}
-	if r.URL != nil && strings.Contains(r.URL.RawQuery, "_method") {
-		out = append(out, r.URL.Query()["_method"]...)
-	}
-	for i, m := range out {
-		out[i] = strings.ToUpper(strings.TrimSpace(m)) // not a name: a method
-	}
-	return out
+// rpcMessage is what judging needs of one JSON-RPC message posted to
+// an MCP endpoint, read once (readMessages) so that the request it came
+// in can be judged again after its body has gone on.
+type rpcMessage struct {
+	method string // "" for a response to the server's own request
+	tool   string // a tools/call's params.name
+	bad    bool   // not a JSON-RPC 2.0 message
 }
 
-// judge judges a body of JSON-RPC messages: the tools it calls, and why
-// it is refused, or "".
-func (m *mcpRule) judge(body []byte) ([]string, string) {
+// readMessages reads a body of JSON-RPC messages, one or a batch, as far
+// as the first that is not one (bad, and last). A message like one
+// before it (the same method and tool) is judged as that one is, so it
+// is kept once: what a request being forwarded holds for DecideAgain is
+// bounded by the methods and tools it names, not by its body's size.
+func readMessages(body []byte) []rpcMessage {
 	body = bytes.TrimSpace(body)
-	var messages []json.RawMessage
+	var raws []json.RawMessage
 	if len(body) > 0 && body[0] == '[' {
-		if err := json.Unmarshal(body, &messages); err != nil || len(messages) == 0 {
-			return nil, ReasonMCPNotJSONRPC
+		if err := json.Unmarshal(body, &raws); err != nil || len(raws) == 0 {
+			return []rpcMessage{{bad: true}}
 		}
 	} else {
-		messages = []json.RawMessage{body}
+		raws = []json.RawMessage{body}
 	}
-	var tools []string
-	for _, raw := range messages {
-		tool, why := m.judgeMessage(raw)
-		if tool != "" {
-			tools = append(tools, tool)
+	var out []rpcMessage
+	seen := map[rpcMessage]bool{}
+	for _, raw := range raws {
+		m := readMessage(raw)
+		if !seen[m] {
+			seen[m] = true
+			out = append(out, m)
 		}
-		if why != "" {
-			return tools, why
+		if m.bad {
+			break
 		}
 	}
-	return tools, ""
+	return out
 }
 
 // messageKeys are a JSON-RPC message's members.
 var messageKeys = []string{"jsonrpc", "id", "method", "params", "result", "error"}
 
-// judgeMessage judges one message. Its keys are read exactly as written
+// readMessage reads one message. Its keys are read exactly as written
 // and once each: a second "params", or a "Params" beside it, could be
 // what the server reads.
-func (m *mcpRule) judgeMessage(raw json.RawMessage) (string, string) {
+func readMessage(raw json.RawMessage) rpcMessage {
+	bad := rpcMessage{bad: true}
 	msg, ok := exactObject(raw, messageKeys...)
 	if !ok || string(msg["jsonrpc"]) != `"2.0"` {
-		return "", ReasonMCPNotJSONRPC
+		return bad
 	}
 	methodRaw, isCall := msg["method"]
 	if !isCall {
@@ -319,32 +241,49 @@ func (m *mcpRule) judgeMessage(raw json.RawMessage) (string, string) {
 		_, result := msg["result"]
 		_, rpcErr := msg["error"]
 		if _, id := msg["id"]; id && result != rpcErr {
-			return "", ""
+			return rpcMessage{}
 		}
-		return "", ReasonMCPNotJSONRPC
+		return bad
 	}
 	var method string
-	if json.Unmarshal(methodRaw, &method) != nil {
-		return "", ReasonMCPNotJSONRPC
+	if json.Unmarshal(methodRaw, &method) != nil || method == "" {
+		return bad
 	}
 	if method != "tools/call" {
-		if slices.Contains(m.methods, method) {
-			return "", ""
-		}
-		return "", ReasonMCPMethod
+		return rpcMessage{method: method}
 	}
 	params, ok := exactObject(msg["params"], "name", "arguments")
 	if !ok {
-		return "", ReasonMCPNotJSONRPC
+		return bad
 	}
 	var name string
 	if json.Unmarshal(params["name"], &name) != nil || name == "" {
-		return "", ReasonMCPNotJSONRPC
+		return bad
 	}
-	if !slices.Contains(m.tools, name) {
-		return name, ReasonMCPTool
+	return rpcMessage{method: method, tool: name}
+}
+
+// judge judges messages in order: the tools they call, as far as the
+// first refused, and why that one is refused, or "".
+func (m *mcpRule) judge(messages []rpcMessage) ([]string, string) {
+	var tools []string
+	for _, msg := range messages {
+		switch {
+		case msg.bad:
+			return tools, ReasonMCPNotJSONRPC
+		case msg.method == "": // a response
+		case msg.method != "tools/call":
+			if !slices.Contains(m.methods, msg.method) {
+				return tools, ReasonMCPMethod
+			}
+		default:
+			tools = append(tools, msg.tool)
+			if !slices.Contains(m.tools, msg.tool) {
+				return tools, ReasonMCPTool
+			}
+		}
 	}
-	return name, ""
+	return tools, ""
 }
 
 // exactObject reads a JSON object's members by their exact keys, and

@@ -146,7 +146,7 @@ func FuzzMCPMessages(f *testing.F) {
 	}
 	rule := &mcpRule{tools: []string{"search"}, methods: DefaultMCPMethods}
 	f.Fuzz(func(t *testing.T, body string) {
-		tools, why := rule.judge([]byte(body))
+		tools, why := rule.judge(readMessages([]byte(body)))
 		if why == "" {
 			for _, tool := range tools {
 				require.Equal(t, "search", tool, "allowed %q", body)

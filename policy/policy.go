@@ -132,7 +132,8 @@ type Decision struct {
 	// would rather ask a person about (see Ask); Approved on an allowed
 	// decision that an Approver's answer made.
 	Askable, Approved bool
-	mcp               *mcpRule // the MCP endpoint whose messages DecideHTTP judges
+	mcp               *mcpRule       // the MCP endpoint whose messages DecideHTTP judges
+	request           *judgedRequest // what DecideHTTP read, for DecideAgain
 }
 
 // AgentFunc identifies the agent behind a source address and returns its

@@ -321,16 +321,16 @@ func rejudgeIntercepted(pol *policy.Policy, t target) string {
 	return why
 }
 
-// rejudgeRequest says why pol refuses now a plain HTTP request (method,
-// path) to t, being forwarded, or "": by its host, and by its method and
-// path where request entries judge them. Its body, judged as it came
-// (an MCP message), is not read again.
-func rejudgeRequest(pol *policy.Policy, t target, method, path string) string {
+// rejudgeRequest says why pol refuses now a plain HTTP request to t,
+// being forwarded, or "": by its host, and where request entries judge
+// it, as judged was decided of it (policy.DecideAgain: its method, path,
+// override methods and MCP messages, its body gone on).
+func rejudgeRequest(pol *policy.Policy, t target, judged policy.Decision) string {
 	why, requests := refusedNow(pol, t)
 	if why != "" || !requests || t.decision.Approved { // an approval allows a name no entry names, nor judges
 		return why
 	}
-	if d := pol.DecideRequest(t.host, t.port, method, path); !d.Allowed {
+	if d := pol.DecideAgain(judged); !d.Allowed {
 		return d.Reason
 	}
 	return ""

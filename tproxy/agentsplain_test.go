@@ -222,6 +222,58 @@ func TestPlainHTTPEndsOnForgetAndRejudge(t *testing.T) {
 	}
 }
 
+// TestPlainMCPCallEndsWhenItsToolIsRefused: a tools/call posted to a
+// plain HTTP MCP endpoint, whose answer streams, ends when a policy
+// change refuses its tool, by the message judged as it came (its body
+// gone on long since), and goes on when the change still allows it; so
+// does a POST whose override method a change refuses.
+func TestPlainMCPCallEndsWhenItsToolIsRefused(t *testing.T) {
+	const call = `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{}}}`
+	for _, p := range plainPaths {
+		for _, tc := range []struct {
+			name        string
+			header      string
+			first, then string // allow entries, %d the port
+			reason      string // "": kept
+		}{
+			{"tool refused", "", "mcp http://svc.test:%d/stream tools=search,fetch", "mcp http://svc.test:%d/stream tools=fetch", policy.ReasonMCPTool},
+			{"tool kept", "", "mcp http://svc.test:%d/stream tools=search,fetch", "mcp http://svc.test:%d/stream tools=search", ""},
+			{"override refused", "X-HTTP-Method-Override: DELETE\r\n", "POST,DELETE svc.test:%d/stream", "POST svc.test:%d/stream", policy.ReasonNoRequestRule},
+		} {
+			t.Run(p.name+"/"+tc.name, func(t *testing.T) {
+				w := newWorld(t, nil, nil)
+				addr := w.serveLong("127.0.0.2")
+				w.setPolicy(policy.Config{Allow: []string{fmt.Sprintf(tc.first, addr.Port())}})
+				c := p.open(w, addr)
+				c.SetDeadline(time.Now().Add(10 * time.Second))
+				fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: svc.test:%d\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s",
+					p.target(addr, "/stream"), addr.Port(), tc.header, len(call), call)
+				br := bufio.NewReader(c)
+				resp, err := http.ReadResponse(br, nil)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				body := bufio.NewReader(resp.Body)
+				_, err = body.ReadString('\n')
+				require.NoError(t, err)
+
+				w.setPolicy(policy.Config{Allow: []string{fmt.Sprintf(tc.then, addr.Port())}})
+				w.proxy.Rejudge("a1")
+				if tc.reason == "" {
+					for range 10 { // a tick each 20 ms: well past the Rejudge
+						line, err := body.ReadString('\n')
+						require.NoError(t, err, "ended by a policy that allows it")
+						assert.Equal(t, "tick\n", line)
+					}
+					return
+				}
+				endsSoon(t, c, body, false)
+				r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/stream" })
+				assert.Equal(t, ReasonPolicyChanged+tc.reason, r.Reason, "record %+v", r)
+			})
+		}
+	}
+}
+
 // TestPlainHTTPKeptByAPolicyThatAllowsIt: Rejudge leaves a lasting
 // exchange alone when the new policy still allows it.
 func TestPlainHTTPKeptByAPolicyThatAllowsIt(t *testing.T) {

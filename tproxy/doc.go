@@ -72,9 +72,11 @@
 // bytes move. Whatever moves them registers there as it starts
 // (agentConn.moving): a relay, spliced or on the kernel path, judged by
 // its destination; an intercepted connection, by its host; a plain HTTP
-// request being forwarded (a long stream, an upgrade's tunnel), by its
-// host, method and path, and so each request the Interceptor forwards,
-// registered through the policy.InFlight in its context. It is judged
+// request being forwarded (a long stream, an upgrade's tunnel), as it
+// was judged, by its host, method, path, override methods and MCP
+// messages (policy.DecideAgain), and so each request the Interceptor
+// forwards, registered through the policy.InFlight in its context
+// (TestPlainMCPCallEndsWhenItsToolIsRefused). It is judged
 // again there, before a byte of it moves, by the policy as it is then,
 // so that a change that came while it was judged (or while its client
 // was silent) ends it too, recorded as refused; a forgotten one never

@@ -215,8 +215,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ended := &ending{stop: cancel}
-	method, path := r.Method, r.URL.EscapedPath()
-	done, refused := tracked.moving(ended.end, func() string { return rejudgeRequest(current(), t, method, path) })
+	done, refused := tracked.moving(ended.end, func() string { return rejudgeRequest(current(), t, d) })
 	defer done()
 	if refused { // by a policy or a Forget that came while it was judged
 		why, _ := ended.reason()
