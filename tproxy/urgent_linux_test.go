@@ -29,6 +29,17 @@ func readWithUrgent(t *testing.T, c *net.TCPConn, want int) (stream []byte, urge
 	deadline := time.Now().Add(10 * time.Second)
 	c.SetReadDeadline(deadline)
 	defer c.SetReadDeadline(time.Time{})
+	// The urgent byte to be read (these tests send one at most) has come
+	// before the first read: one that came between a read's look at the
+	// mark and the read itself, at the read's place in the stream, would
+	// be skipped by that read. SIOCINQ counts only the bytes before a
+	// mark still ahead.
+	require.Eventually(t, func() bool {
+		if want >= 0 {
+			return unreadBytes(c) >= want || urgentWaits(c)
+		}
+		return finReceived(c)
+	}, 10*time.Second, time.Millisecond, "the bytes to read did not come")
 	buf := make([]byte, 64<<10)
 	for time.Now().Before(deadline) {
 		if want >= 0 && len(stream) >= want {
@@ -61,6 +72,42 @@ func readWithUrgent(t *testing.T, c *net.TCPConn, want int) (stream []byte, urge
 	}
 	require.Fail(t, "the stream did not end", "after %q", stream)
 	return
+}
+
+// finReceived says whether c's peer has ended its side: c's TCP state is
+// one that follows a FIN received.
+func finReceived(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return true // closed: nothing more will come
+	}
+	var state uint8
+	rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			state = info.State
+		}
+	})
+	switch state {
+	case unix.BPF_TCP_CLOSE_WAIT, unix.BPF_TCP_LAST_ACK, unix.BPF_TCP_CLOSING, unix.BPF_TCP_TIME_WAIT, unix.BPF_TCP_CLOSE:
+		return true
+	}
+	return false
+}
+
+// urgentWaits says whether an urgent byte has come to c and waits to
+// be read out of band.
+func urgentWaits(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var waits bool
+	rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_OOB|unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		waits = err == nil && n == 1
+	})
+	return waits
 }
 
 // sendUrgent sends b as TCP urgent data on c.
