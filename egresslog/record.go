@@ -55,9 +55,13 @@ type Record struct {
 	// Trace is the W3C traceparent the agent's HTTP request carried, so
 	// that the request can be found in the agent's own trace. The Log
 	// keeps it only if it is well formed (version 00, lowercase hex).
-	Trace     string
-	BytesUp   int64 // bytes from the agent towards the destination
-	BytesDown int64 // bytes from the destination back to the agent
+	Trace string
+	// BytesUp and BytesDown are the bytes from the agent towards the
+	// destination and back: of an HTTP request, its head and body, and
+	// its response's (each head as HTTP/1.1 writes it), and an upgrade's
+	// tunnel.
+	BytesUp   int64
+	BytesDown int64
 	// Relay is how a passed-through connection's bytes were moved:
 	// RelayKernel, RelaySplice or RelayCopy. Empty on other records.
 	Relay    string

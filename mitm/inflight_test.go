@@ -160,6 +160,7 @@ func TestUpgradeCountedAndClosed(t *testing.T) {
 	rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/ws" })
 	assert.GreaterOrEqual(t, rec.BytesUp, int64(len(msg)), "record %+v", rec)
 	assert.GreaterOrEqual(t, rec.BytesDown, int64(len(msg)), "record %+v", rec)
+	assert.Equal(t, http.StatusSwitchingProtocols, rec.Status, "record %+v", rec)
 
 	req, err := http.NewRequest(http.MethodGet, "https://api.test/mismatch", nil)
 	require.NoError(t, err)

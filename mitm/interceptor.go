@@ -391,7 +391,10 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	var upgradedDown int64 // what an upgrade's upstream sent, beneath cw
 	defer func() {
-		rec.Status, rec.BytesDown, rec.Duration = cw.Status, cw.Bytes+upgradedDown, time.Since(start)
+		if cw.Status != 0 { // else an upgrade's, written beneath it
+			rec.Status = cw.Status
+		}
+		rec.BytesDown, rec.Duration = cw.Bytes+upgradedDown, time.Since(start)
 		if i.Log != nil {
 			i.Log.Record(rec)
 		}
@@ -477,7 +480,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		httpfwd.Refuse(out, http.StatusForbidden, "http_request_denied", why, true)
 		return
 	}
-	body := httpmeter.CountBody(r)
+	body := httpmeter.CountRequest(r)
 	notes := new(egresslog.Notes)
 	// What the forwarding says of the request, however it ends: a
 	// response cut short mid-stream ends it with a panic
@@ -488,6 +491,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			u.Close()
 			rec.BytesUp += u.up.Load()
 			upgradedDown = u.down.Load()
+			rec.Status = http.StatusSwitchingProtocols
 		}
 		rec.Secret = strings.Join(st.secrets, ",")
 		var refused interface{ Refused() bool }

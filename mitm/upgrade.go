@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
+
+	"github.com/agenthold/egress/internal/httpmeter"
 )
 
 // upgraded is the upstream side of an exchange that switched protocols
@@ -24,6 +26,9 @@ func takeUpgrade(st *reqState, res *http.Response) {
 	}
 	if rwc, ok := res.Body.(io.ReadWriteCloser); ok { // else the forwarder refuses the switch
 		st.upgraded = &upgraded{ReadWriteCloser: rwc}
+		// Its head too, which the forwarder writes beneath every
+		// response writer.
+		st.upgraded.down.Store(httpmeter.ResponseHeadSize(res.StatusCode, res.Header))
 		res.Body = st.upgraded
 	}
 }

@@ -91,7 +91,19 @@
 // connection, by the bytes that pass its client connection. An upgrade's
 // tunnel, which the forwarder copies beneath every response writer,
 // passes through one place of its own (upgraded): counted for its
-// record, held to the agent's byte rate, and waited for by Shutdown.
+// record, held to the agent's byte rate, and waited for by Shutdown. A
+// plain request's heads, which net/http reads and writes beneath the
+// bodies, are counted for its record (httpmeter) and, on the explicit
+// proxy, held to the agent's byte rates (a transparent connection is held
+// on the connection itself). What ends a plain request being forwarded
+// (requestClient) ends its handler's reads and writes on the client too,
+// which its context does not (a client that reads nothing); and what a
+// handler leaves unread of a body net/http is not left to wait for, with
+// no deadline and unseen, after the handler. Shutdown waits for the
+// explicit proxy's plain requests as for the transparent ones
+// (TestPlainHTTPHeadsHeldAndCounted, TestEndedRequestWhoseClientStalls,
+// TestUnreadBodyDoesNotHoldTheConnection,
+// TestShutdownWaitsForPlainRequests).
 //
 // The redirect rules that feed the transparent proxy are in the package
 // nftrules (Linux only); tproxy itself builds on every OS.

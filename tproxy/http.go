@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
@@ -115,6 +116,8 @@ func (p *Proxy) newHTTPServer(h http.Handler, connContext func(context.Context, 
 // judged on its own Host.
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	client := newRequestClient(w, r)
+	defer client.finish()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget,
 		Trace: r.Header.Get("Traceparent")}
@@ -167,6 +170,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		q := pol.Quotas()
 		paceUp, paceDown = p.pacer(&p.bytesUp, agent, q.BytesPerSecondUp), p.pacer(&p.bytesDown, agent, q.BytesPerSecondDown)
 		if paceUp != nil {
+			paceUp.moved(httpmeter.HeadSize(r)) // read before its agent was known
 			r.Body = &pacedBody{ReadCloser: r.Body, pace: paceUp}
 		}
 		if paceDown != nil {
@@ -214,7 +218,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ended := &ending{stop: cancel}
+	ended := &ending{stop: func() { cancel(); client.stop() }}
 	done, refused := tracked.moving(ended.end, func() string { return rejudgeRequest(current(), t, d) })
 	defer done()
 	if refused { // by a policy or a Forget that came while it was judged
@@ -227,7 +231,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	p.relays.add(fw)
 	defer p.relays.remove(fw)
 	cw := &httpmeter.Writer{ResponseWriter: fw.watch(w, r)}
-	body := httpmeter.CountBody(r)
+	body := httpmeter.CountRequest(r)
 	st := &plainState{p: p, agent: agent, pol: pol, target: t, rec: &rec, paceUp: paceUp, paceDown: paceDown, forwarding: fw}
 	notes := new(egresslog.Notes)
 	// Recorded however the forwarding ends: a response cut short
@@ -238,7 +242,9 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.Reason = why
 		}
 		rec.Reason = notes.Annotate(rec.Reason)
-		rec.Status = cw.Status
+		if cw.Status != 0 { // else an upgrade's, written beneath it
+			rec.Status = cw.Status
+		}
 		rec.BytesUp, rec.BytesDown = body.Bytes(), cw.Bytes
 		if u := st.upgraded; u != nil {
 			p.endUpgrade(u)
@@ -248,6 +254,74 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		p.record(rec)
 	}()
 	p.forward.ServeHTTP(cw, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), plainStateKey{}, st), notes)))
+}
+
+// requestClient ends what a plain HTTP request's handler waits for of
+// its client, which the request's context does not: a write to a client
+// that reads nothing, a read of a body that stopped coming (the
+// forwarder's, or net/http's, which reads what remains of a body before
+// it writes a response head). It does nothing once the handler is done,
+// when the connection may carry the next request.
+type requestClient struct {
+	mu       sync.Mutex
+	rc       *http.ResponseController
+	http1    bool
+	bodyRead atomic.Bool // the request's body was read to its end, or it has none
+	done     bool
+}
+
+// newRequestClient watches r's body for its end.
+func newRequestClient(w http.ResponseWriter, r *http.Request) *requestClient {
+	c := &requestClient{rc: http.NewResponseController(w), http1: r.ProtoMajor == 1}
+	if r.Body == nil || r.Body == http.NoBody {
+		c.bodyRead.Store(true)
+	} else {
+		r.Body = &endNotingBody{ReadCloser: r.Body, ended: &c.bodyRead}
+	}
+	return c
+}
+
+// stop ends the handler's reads and writes on the client connection
+// (or, on HTTP/2, its stream) at once.
+func (c *requestClient) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.done {
+		now := time.Now()
+		c.rc.SetReadDeadline(now)
+		c.rc.SetWriteDeadline(now)
+	}
+}
+
+// finish is called as the handler returns. What remains of an HTTP/1
+// body it did not read to its end is not waited for: net/http reads it
+// after the handler, to keep the connection, without a deadline, and
+// where neither Forget, Rejudge nor the idle sweep sees it. What of it
+// has come is read, and the connection is closed if more was to come.
+// (A body read to its end is left alone: net/http then reads the
+// connection itself, to notice its client leave, and a deadline would
+// end the connection.)
+func (c *requestClient) finish() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done = true
+	if c.http1 && !c.bodyRead.Load() {
+		c.rc.SetReadDeadline(time.Now())
+	}
+}
+
+// endNotingBody notes when its body has been read to its end.
+type endNotingBody struct {
+	io.ReadCloser
+	ended *atomic.Bool
+}
+
+func (b *endNotingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.ended.Store(true)
+	}
+	return n, err
 }
 
 // plainState is one plain HTTP request's forwarding, for the shared
@@ -328,11 +402,17 @@ type pacedBody struct {
 
 func (b *pacedBody) Read(p []byte) (int, error) { return b.pace.read(b.ReadCloser, p) }
 
-// pacedWriter holds a response body to its agent's rate down. Unwrap lets
-// http.ResponseController reach the writer beneath (to flush).
+// pacedWriter holds a response, head and body, to its agent's rate
+// down. Unwrap lets http.ResponseController reach the writer beneath (to
+// flush).
 type pacedWriter struct {
 	http.ResponseWriter
 	pace *pacer
+}
+
+func (w *pacedWriter) WriteHeader(code int) {
+	w.pace.moved(httpmeter.ResponseHeadSize(code, w.Header()))
+	w.ResponseWriter.WriteHeader(code)
 }
 
 func (w *pacedWriter) Write(b []byte) (int, error) { return w.pace.write(w.ResponseWriter, b) }

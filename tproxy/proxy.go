@@ -367,14 +367,17 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	if !already {
 		close(p.closedCh)
 	}
+	// The explicit servers' plain requests in flight finish, as the
+	// sessions do; their hijacked tunnels are sessions.
+	var servers sync.WaitGroup
 	for _, s := range explicit {
-		s.Close() // hijacked tunnels are sessions, drained below
+		servers.Go(func() { s.Shutdown(ctx) })
 	}
 	p.httpOnce.Do(p.startHTTP) // so that no handoff starts a server after this
 	p.httpConns.close()
 	go p.httpSrv.Shutdown(ctx)
 	done := make(chan struct{})
-	go func() { p.sessionsWG.Wait(); close(done) }()
+	go func() { p.sessionsWG.Wait(); servers.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil
@@ -382,6 +385,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.relays.closeAll() // first, so that each says why it ended, rather than end by its context
 		p.cancelAll()
 		p.httpSrv.Close()
+		for _, s := range explicit {
+			s.Close()
+		}
 		<-done
 		return ctx.Err()
 	}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
+
+	"github.com/agenthold/egress/internal/httpmeter"
 )
 
 // upgraded is the upstream side of a plain HTTP exchange that switched
@@ -37,6 +39,12 @@ func (p *Proxy) beginUpgrade(st *plainState, res *http.Response) error {
 	}
 	st.upgraded = &upgraded{ReadWriteCloser: rwc, paceUp: st.paceUp, paceDown: st.paceDown, request: st.forwarding}
 	res.Body = st.upgraded
+	// Its head, which the forwarder writes to the client connection it
+	// takes over, beneath every response writer.
+	head := httpmeter.ResponseHeadSize(res.StatusCode, res.Header)
+	st.paceDown.moved(head)
+	st.upgraded.down.Add(head)
+	st.rec.Status = res.StatusCode
 	return nil
 }
 

@@ -28,6 +28,9 @@ const (
 	DefaultDialTimeout           = 10 * time.Second
 	DefaultResponseHeaderTimeout = 60 * time.Second
 	DefaultMaxIdleConnsPerHost   = 16
+	// MaxResponseHeaderBytes bounds a response's head: net/http's own
+	// bound is 10 MB, which an upstream could send for every request.
+	MaxResponseHeaderBytes = 1 << 20
 )
 
 // Config configures the upstream transports.
@@ -84,6 +87,7 @@ func NewTransports(cfg Config) *Transports {
 		t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
 		t.TLSHandshakeTimeout = dial
 		t.ResponseHeaderTimeout = orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+		t.MaxResponseHeaderBytes = MaxResponseHeaderBytes
 		t.ForceAttemptHTTP2 = cfg.HTTP2
 		if cfg.H2C {
 			t.Protocols = new(http.Protocols)
