@@ -20,7 +20,11 @@
 // ends it when its agent is forgotten, or a policy change refuses it,
 // judged again as it was judged, by its host, method, path, override
 // methods and MCP messages, its body gone on (policy.DecideAgain;
-// inFlight, inflight.go).
+// inFlight, inflight.go). Ending a request ends its handler's reads and
+// writes on the sandbox's connection too, which its context does not (a
+// client that reads nothing), and net/http is not left to wait, after
+// the handler, for what it left unread of a body (httpfwd.Client, which
+// tproxy's plain requests pass too).
 //
 // What the sandbox may see of a secret is decided in one place: in an
 // exchange that could carry one (its rule names the host), everything

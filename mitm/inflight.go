@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sync/atomic"
 
+	"github.com/agenthold/egress/internal/httpfwd"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -13,10 +14,10 @@ import (
 // a policy change that refuses it (judged, its body gone on, by what
 // judged was decided of: policy.DecideAgain), or its agent's removal,
 // ends it while it is forwarded (a WebSocket, a stream, a long MCP tool
-// call): it returns the context to forward it under, which that ends;
-// why it was ended, once it is; what to call when it is done; and
-// whether it is refused at once.
-func inFlight(r *http.Request, judged policy.Decision, info *connInfo) (ctx context.Context, ended func() (string, bool), done func(), refused bool) {
+// call): it returns the context to forward it under, which that ends,
+// with the handler's reads and writes on client; why it was ended, once
+// it is; what to call when it is done; and whether it is refused at once.
+func inFlight(r *http.Request, judged policy.Decision, info *connInfo, client *httpfwd.Client) (ctx context.Context, ended func() (string, bool), done func(), refused bool) {
 	track := policy.InFlightFrom(r.Context())
 	if track == nil {
 		return r.Context(), func() (string, bool) { return "", false }, func() {}, false
@@ -26,6 +27,7 @@ func inFlight(r *http.Request, judged policy.Decision, info *connInfo) (ctx cont
 	end := func(reason string) {
 		why.CompareAndSwap(nil, &reason)
 		cancel()
+		client.Stop()
 	}
 	rejudge := func() string {
 		var now *policy.Policy

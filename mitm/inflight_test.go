@@ -1,6 +1,7 @@
 package mitm
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -272,4 +274,93 @@ func TestMCPToolCallEndsWhenItsToolIsRefused(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestInterceptedRequestWhoseClientStalls: a request whose sandbox
+// client stopped reading its response ends, and is recorded, when a
+// policy change refuses it: its handler was blocked in a write to the
+// client, which ending its context does not end.
+func TestInterceptedRequestWhoseClientStalls(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) {
+			r := newRig(t)
+			withRequestEntries(t, r)
+			var lastWrite atomic.Int64 // when the upstream's last write returned
+			chunk := []byte(strings.Repeat("z", 64<<10))
+			r.mux.HandleFunc("/public/stream", func(w http.ResponseWriter, req *http.Request) {
+				for req.Context().Err() == nil {
+					if _, err := w.Write(chunk); err != nil {
+						return
+					}
+					lastWrite.Store(time.Now().UnixNano())
+				}
+			})
+			p := &tproxy.Proxy{
+				Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
+				Guard:    r.ic.Guard,
+				Resolver: r.ic.Resolver,
+				Log:      r.log,
+				OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
+					return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
+				},
+				Interceptor: r.ic,
+			}
+			ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			go p.Serve(ln)
+			t.Cleanup(func() { p.Close() })
+
+			raw, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer raw.Close()
+			raw.(*net.TCPConn).SetReadBuffer(64 << 10)
+			tr := &http.Transport{
+				DialTLSContext: func(context.Context, string, string) (net.Conn, error) {
+					c := tls.Client(raw, &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test", NextProtos: map[bool][]string{false: {"http/1.1"}, true: {"h2"}}[h2]})
+					return c, c.Handshake()
+				},
+				ForceAttemptHTTP2: h2,
+			}
+			if !h2 {
+				tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+			}
+			t.Cleanup(tr.CloseIdleConnections)
+			resp, err := (&http.Client{Transport: tr}).Get("https://api.test/public/stream")
+			require.NoError(t, err)
+			defer resp.Body.Close() // read no further
+			require.Eventually(t, func() bool {
+				last := lastWrite.Load()
+				return last != 0 && time.Since(time.Unix(0, last)) > 200*time.Millisecond
+			}, 10*time.Second, 10*time.Millisecond, "the upstream's writes never blocked")
+
+			pol, err := policy.New(policy.Config{Allow: []string{"GET api.test:*/other"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+			require.NoError(t, err)
+			r.changed.Store(pol)
+			p.Rejudge("a1")
+			rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/public/stream" })
+			assert.Equal(t, tproxy.ReasonPolicyChanged+policy.ReasonNoRequestRule, rec.Reason, "record %+v", rec)
+		})
+	}
+}
+
+// TestUnreadBodyDoesNotHoldTheConnection: a refused request whose body
+// stops coming is answered, and its connection closed, at once: net/http
+// reads what remains of a body after the handler, and before it writes
+// the answer's head, without a deadline.
+func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
+	r := newRig(t)
+	withRequestEntries(t, r)
+	raw, err := net.Dial("tcp", r.addr)
+	require.NoError(t, err)
+	defer raw.Close()
+	c := tls.Client(raw, &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test", NextProtos: []string{"http/1.1"}})
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.WriteString(c, "POST /refused HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err, "no answer")
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+	_, err = io.Copy(io.Discard, br)
+	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the connection is still open: %v", err)
 }

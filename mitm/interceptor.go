@@ -388,6 +388,8 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	host := httpfwd.HostOnly(r.Host)
 	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path,
 		Trace: r.Header.Get("Traceparent"), ConnID: egresslog.ConnIDFrom(r.Context())}
+	client := httpfwd.NewClient(w, r)
+	defer client.Finish()
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	var upgradedDown int64 // what an upgrade's upstream sent, beneath cw
 	defer func() {
@@ -472,9 +474,10 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ctx, ended, done, stopped := inFlight(r, d, info)
+	ctx, ended, done, stopped := inFlight(r, d, info, client)
 	defer done()
 	if stopped { // by a policy change, or the agent's removal, since it was judged
+		client.Answering()
 		why, _ := ended()
 		rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, why, ""
 		httpfwd.Refuse(out, http.StatusForbidden, "http_request_denied", why, true)

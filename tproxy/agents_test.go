@@ -118,6 +118,22 @@ func TestForgetWhileDialling(t *testing.T) {
 	assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
 }
 
+// TestForgetBeforeItSpeaks: a transparent connection whose agent is
+// forgotten before its client says a word is reset and recorded as
+// forgotten, not as a client that left.
+func TestForgetBeforeItSpeaks(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, nil)
+	c := w.dial(w.tlsAddr)
+	require.Eventually(t, func() bool { conns, _ := tracked(w.proxy, "a1"); return conns == 1 }, 5*time.Second, time.Millisecond, "the connection was never tracked")
+	w.proxy.Forget("a1")
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := io.ReadAll(c)
+	assert.Error(t, err, "not reset")
+	r := w.waitRecord(func(r egresslog.Record) bool { return !r.Open })
+	assert.False(t, r.Allowed, "record %+v", r)
+	assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
+}
+
 // TestPolicyChangeWhileDialling: a CONNECT judged before a policy change
 // and dialled after it never carries a byte: its tunnel is judged again
 // as it starts, by the policy as it is then.

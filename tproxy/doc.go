@@ -96,13 +96,14 @@
 // bodies, are counted for its record (httpmeter) and, on the explicit
 // proxy, held to the agent's byte rates (a transparent connection is held
 // on the connection itself). What ends a plain request being forwarded
-// (requestClient) ends its handler's reads and writes on the client too,
-// which its context does not (a client that reads nothing); and what a
-// handler leaves unread of a body net/http is not left to wait for, with
-// no deadline and unseen, after the handler. Shutdown waits for the
-// explicit proxy's plain requests as for the transparent ones
+// (httpfwd.Client) ends its handler's reads and writes on the client
+// too, which its context does not (a client that reads nothing, or a
+// body that stops coming while it is judged); and net/http is not left
+// to wait, after the handler, with no deadline and unseen, for what the
+// handler left unread of a body. Shutdown waits for the explicit proxy's
+// plain requests as for the transparent ones
 // (TestPlainHTTPHeadsHeldAndCounted, TestEndedRequestWhoseClientStalls,
-// TestUnreadBodyDoesNotHoldTheConnection,
+// TestForgottenWhileItsBodyIsRead, TestUnreadBodyDoesNotHoldTheConnection,
 // TestShutdownWaitsForPlainRequests).
 //
 // The redirect rules that feed the transparent proxy are in the package

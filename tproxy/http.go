@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/agenthold/egress/egresslog"
@@ -116,12 +115,13 @@ func (p *Proxy) newHTTPServer(h http.Handler, connContext func(context.Context, 
 // judged on its own Host.
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	client := newRequestClient(w, r)
-	defer client.finish()
+	client := httpfwd.NewClient(w, r)
+	defer client.Finish()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget,
 		Trace: r.Header.Get("Traceparent")}
 	refuse := func(a answer) {
+		client.Answering()
 		rec.Allowed, rec.Reason, rec.Status, rec.Duration = false, a.why, a.status, time.Since(start)
 		if !a.unrecorded {
 			p.record(rec)
@@ -152,7 +152,9 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	r = r.WithContext(ctx)
-	tracked, untrack := p.trackAgentConn(agent, nil, cancel)
+	// Forgotten while it is judged, it ends at once, though its client
+	// holds it (the body an MCP endpoint's messages are read from).
+	tracked, untrack := p.trackAgentConn(agent, nil, func() { cancel(); client.Stop() })
 	defer untrack()
 	var paceUp, paceDown *pacer
 	if f.explicit {
@@ -196,15 +198,15 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		t, d = target{host: d.Name, port: dst.Port(), decision: f.tunnelApproval}, f.tunnelApproval
 	}
 	t, d = p.askFor(r.Context(), agent, current, t, d, dst.Port(), egresslog.KindHTTP)
-	if tracked.gone() { // while it waited for an approval
-		refuse(denied(http.StatusForbidden, ReasonForgotten))
-		return
-	}
 	if d.Allowed && t.host != "" && !d.Approved { // an approval allows a name no entry names, nor judges
 		// The request itself, by its method and path (and an MCP
 		// endpoint's messages), on a host that request entries name
 		// (allowed by its address, it has none).
 		d = pol.DecideHTTP(r, t.host, dst.Port())
+	}
+	if tracked.gone() { // while it waited for an approval, or its body was read
+		refuse(denied(http.StatusForbidden, ReasonForgotten))
+		return
 	}
 	rec.Allowed, rec.Report, rec.Reason, rec.Rule, rec.Tool = d.Allowed, d.Report, d.Reason, d.Rule, d.Tool
 	if !d.Allowed {
@@ -218,7 +220,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ended := &ending{stop: func() { cancel(); client.stop() }}
+	ended := &ending{stop: func() { cancel(); client.Stop() }}
 	done, refused := tracked.moving(ended.end, func() string { return rejudgeRequest(current(), t, d) })
 	defer done()
 	if refused { // by a policy or a Forget that came while it was judged
@@ -254,74 +256,6 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		p.record(rec)
 	}()
 	p.forward.ServeHTTP(cw, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), plainStateKey{}, st), notes)))
-}
-
-// requestClient ends what a plain HTTP request's handler waits for of
-// its client, which the request's context does not: a write to a client
-// that reads nothing, a read of a body that stopped coming (the
-// forwarder's, or net/http's, which reads what remains of a body before
-// it writes a response head). It does nothing once the handler is done,
-// when the connection may carry the next request.
-type requestClient struct {
-	mu       sync.Mutex
-	rc       *http.ResponseController
-	http1    bool
-	bodyRead atomic.Bool // the request's body was read to its end, or it has none
-	done     bool
-}
-
-// newRequestClient watches r's body for its end.
-func newRequestClient(w http.ResponseWriter, r *http.Request) *requestClient {
-	c := &requestClient{rc: http.NewResponseController(w), http1: r.ProtoMajor == 1}
-	if r.Body == nil || r.Body == http.NoBody {
-		c.bodyRead.Store(true)
-	} else {
-		r.Body = &endNotingBody{ReadCloser: r.Body, ended: &c.bodyRead}
-	}
-	return c
-}
-
-// stop ends the handler's reads and writes on the client connection
-// (or, on HTTP/2, its stream) at once.
-func (c *requestClient) stop() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.done {
-		now := time.Now()
-		c.rc.SetReadDeadline(now)
-		c.rc.SetWriteDeadline(now)
-	}
-}
-
-// finish is called as the handler returns. What remains of an HTTP/1
-// body it did not read to its end is not waited for: net/http reads it
-// after the handler, to keep the connection, without a deadline, and
-// where neither Forget, Rejudge nor the idle sweep sees it. What of it
-// has come is read, and the connection is closed if more was to come.
-// (A body read to its end is left alone: net/http then reads the
-// connection itself, to notice its client leave, and a deadline would
-// end the connection.)
-func (c *requestClient) finish() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.done = true
-	if c.http1 && !c.bodyRead.Load() {
-		c.rc.SetReadDeadline(time.Now())
-	}
-}
-
-// endNotingBody notes when its body has been read to its end.
-type endNotingBody struct {
-	io.ReadCloser
-	ended *atomic.Bool
-}
-
-func (b *endNotingBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
-		b.ended.Store(true)
-	}
-	return n, err
 }
 
 // plainState is one plain HTTP request's forwarding, for the shared

@@ -233,3 +233,49 @@ func TestShutdownWaitsForPlainRequests(t *testing.T) {
 		})
 	}
 }
+
+// TestForgottenWhileItsBodyIsRead: a request forgotten while the body an
+// MCP endpoint's messages are judged from is read, and stops coming,
+// ends at once, recorded so: on the explicit proxy, nothing else ended
+// it (a transparent connection is reset).
+func TestForgottenWhileItsBodyIsRead(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, nil, nil)
+			addr := w.serveLong("127.0.0.2")
+			w.setPolicy(policy.Config{Allow: []string{fmt.Sprintf("mcp http://svc.test:%d/stream tools=search", addr.Port())}})
+			c := p.open(w, addr)
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: svc.test:%d\r\nContent-Length: 1000\r\n\r\n{\"jsonrpc\"", p.target(addr, "/stream"), addr.Port())
+			require.Eventually(t, func() bool { _, requests := tracked(w.proxy, "a1"); return requests == 1 }, 5*time.Second, time.Millisecond, "the request was never tracked")
+			w.proxy.Forget("a1")
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err := io.Copy(io.Discard, c)
+			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "still open 5 s after Forget")
+			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP })
+			assert.False(t, r.Allowed, "record %+v", r)
+			assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
+		})
+	}
+}
+
+// tracked counts what the proxy tracks for agent: connections, and
+// plain requests (whose agentConn carries no connection of its own).
+func tracked(p *Proxy, agent string) (conns, requests int) {
+	v, ok := p.agentConns.Load(agent)
+	if !ok {
+		return 0, 0
+	}
+	set := v.(*connSet)
+	set.mu.Lock()
+	defer set.mu.Unlock()
+	for ac := range set.m {
+		ac.mu.Lock()
+		if ac.conn == nil {
+			requests++
+		} else {
+			conns++
+		}
+		ac.mu.Unlock()
+	}
+	return conns, requests
+}

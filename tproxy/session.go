@@ -697,7 +697,7 @@ func (s *session) deny(t target, d policy.Decision, why string) {
 		r.Reason = why
 	}
 	r.Duration = time.Since(s.start)
-	r.Reason = s.notes.Annotate(r.Reason)
+	r.Reason = s.notes.Annotate(s.refusal(r.Reason))
 	s.p.record(r)
 	reset(s.client)
 }
@@ -710,7 +710,7 @@ func (s *session) denyTLS(t target, d policy.Decision) {
 	r := s.baseRecord(kindOr(s.kind, egresslog.KindTLS), t, d)
 	r.Allowed, r.Report = false, false
 	r.Duration = time.Since(s.start)
-	r.Reason = s.notes.Annotate(r.Reason)
+	r.Reason = s.notes.Annotate(s.refusal(r.Reason))
 	s.p.record(r)
 	s.client.SetWriteDeadline(time.Now().Add(time.Second))
 	s.client.Write(tlsAccessDenied)
@@ -722,10 +722,20 @@ func (s *session) denyTLS(t target, d policy.Decision) {
 func (s *session) dialFailed(kind egresslog.Kind, t target, err error) {
 	r := s.baseRecord(kindOr(s.kind, kind), t, t.decision)
 	r.Allowed = false
-	r.Reason = s.notes.Annotate(reasonUpstreamPrefix + err.Error())
+	r.Reason = s.notes.Annotate(s.refusal(reasonUpstreamPrefix + err.Error()))
 	r.Duration = time.Since(s.start)
 	s.p.record(r)
 	reset(s.client)
+}
+
+// refusal is why the connection is refused: why, unless its agent was
+// forgotten, which is then what ended it (its client reset, its dial
+// cancelled), whatever that made the session see.
+func (s *session) refusal(why string) string {
+	if s.tracked != nil && s.tracked.gone() {
+		return ReasonForgotten
+	}
+	return why
 }
 
 // askFor asks the Approver about a connection or request the policy
