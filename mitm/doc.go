@@ -24,7 +24,8 @@
 // writes on the sandbox's connection too, which its context does not (a
 // client that reads nothing), and net/http is not left to wait, after
 // the handler, for what it left unread of a body (httpfwd.Client, which
-// tproxy's plain requests pass too).
+// tproxy's plain requests pass too). A request a Hook answers is
+// registered, ended and counted the same way (TestHookedRequestEndsOnRejudge).
 //
 // What the sandbox may see of a secret is decided in one place: in an
 // exchange that could carry one (its rule names the host), everything

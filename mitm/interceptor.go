@@ -69,7 +69,10 @@ type Interceptor struct {
 	// Redactor redacts the responses of exchanges that could carry a
 	// secret; nil means the Injector, if it is a Redactor too (vault is).
 	Redactor Redactor
-	// Hooks are asked, in order, to answer each request first.
+	// Hooks are asked, in order, to answer each request first: one
+	// judged, registered with the policy.InFlight of its context (so that
+	// a policy change or its agent's removal ends it, the hook's own
+	// requests too, by the request's context), and counted in its record.
 	Hooks []Hook
 	// Guard checks upstream addresses at dial time; nil means the Guard
 	// of Intercept's context (tproxy passes its own), else the built-in
@@ -458,9 +461,28 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		defer rw.finish()
 		out = rw
 	}
+	// From here on, whatever answers the request, a hook or the
+	// forwarder, does so registered with the block that handed over its
+	// connection, so that a policy change or its agent's removal ends it,
+	// and counted.
+	ctx, ended, done, stopped := inFlight(r, d, info, client)
+	defer done()
+	if stopped { // by a policy change, or the agent's removal, since it was judged
+		client.Answering()
+		why, _ := ended()
+		rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, why, ""
+		httpfwd.Refuse(out, http.StatusForbidden, "http_request_denied", why, true)
+		return
+	}
+	r = r.WithContext(ctx)
+	body := httpmeter.CountRequest(r)
+	defer func() { rec.BytesUp += body.Bytes() }()
 	for _, h := range i.Hooks {
 		if h(out, r, info.agent) {
 			rec.Reason = ReasonAnswered
+			if why, ok := ended(); ok {
+				rec.Reason = why
+			}
 			return
 		}
 	}
@@ -474,22 +496,11 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ctx, ended, done, stopped := inFlight(r, d, info, client)
-	defer done()
-	if stopped { // by a policy change, or the agent's removal, since it was judged
-		client.Answering()
-		why, _ := ended()
-		rec.Allowed, rec.Report, rec.Reason, rec.Rule = false, false, why, ""
-		httpfwd.Refuse(out, http.StatusForbidden, "http_request_denied", why, true)
-		return
-	}
-	body := httpmeter.CountRequest(r)
 	notes := new(egresslog.Notes)
 	// What the forwarding says of the request, however it ends: a
 	// response cut short mid-stream ends it with a panic
 	// (http.ErrAbortHandler), which the server recovers from.
 	defer func() {
-		rec.BytesUp = body.Bytes()
 		if u := st.upgraded; u != nil {
 			u.Close()
 			rec.BytesUp += u.up.Load()
@@ -514,7 +525,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		rec.Reason = notes.Annotate(rec.Reason)
 	}()
-	i.proxy.ServeHTTP(out, r.WithContext(egresslog.WithNotes(context.WithValue(ctx, reqStateKey{}, st), notes)))
+	i.proxy.ServeHTTP(out, r.WithContext(egresslog.WithNotes(context.WithValue(r.Context(), reqStateKey{}, st), notes)))
 }
 
 // rewrite points the request at the real host over TLS and injects the
