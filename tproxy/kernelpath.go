@@ -17,7 +17,10 @@ type KernelPath interface {
 	// with what each has received and the proxy has not read. wait
 	// returns once both directions have ended, each end passed on as a
 	// half-close, with the bytes moved each way; it fails on a reset,
-	// after which both connections are to be closed. An error from Move
-	// means it took nothing.
+	// after which both connections are to be closed. A failure of one
+	// side's socket that says which (a FailedSide() int method: 0 the
+	// client, 1 the upstream, and Unwrap to its cause) is recorded as the
+	// user-space relay records a failure of that direction's source. An
+	// error from Move means it took nothing.
 	Move(client, upstream *net.TCPConn) (wait func() (up, down int64, err error), err error)
 }

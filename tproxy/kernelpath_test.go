@@ -143,6 +143,47 @@ func TestKernelPathRecordsAsUserSpace(t *testing.T) {
 	}
 }
 
+// TestKernelPathResetReason: a connection its upstream resets leaves
+// the same close reason on the kernel path as on the user-space relay:
+// the direction whose source failed, and why. The kernel path said only
+// that it failed.
+func TestKernelPathResetReason(t *testing.T) {
+	kp := kernelPath(t)
+	reasons := map[string]string{}
+	for _, name := range []string{"user", "kernel"} {
+		var sp signalledPath
+		w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) {
+			if name == "kernel" {
+				sp = signalled(kp)
+				p.KernelPath, p.KernelPathAfter = sp, -1
+			}
+		})
+		w.setNames("svc.test")
+		ln := listenLoop(t, "127.0.0.2:0")
+		go acceptLoop(ln, func(c net.Conn) {
+			defer c.Close()
+			io.WriteString(c, "hi\n")
+			io.ReadFull(c, make([]byte, 2))
+			c.(*net.TCPConn).SetLinger(0) // closed with a reset
+		})
+		c := w.dial(addrPortOf(ln.Addr()))
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadFull(c, make([]byte, 3))
+		require.NoError(t, err)
+		if name == "kernel" {
+			awaitMoved(t, sp.moved)
+		}
+		io.WriteString(c, "x\n")
+		_, err = c.Read(make([]byte, 1))
+		require.Error(t, err, "%s: not reset", name)
+		r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Open })
+		assert.Equal(t, map[string]string{"user": egresslog.RelaySplice, "kernel": egresslog.RelayKernel}[name], r.Relay, "%s: record %+v", name, r)
+		reasons[name] = r.Reason
+	}
+	assert.Equal(t, "upstream->client: connection reset by peer", reasons["user"])
+	assert.Equal(t, reasons["user"], reasons["kernel"], "the close reason of a reset differs by path")
+}
+
 // TestKernelPathOnlyWhereSafe: TLS passed through and CONNECT tunnels go
 // on the kernel path; a byte-rate quota keeps an agent's connections on
 // the user-space relay, held to pace. (Handed over at once: these

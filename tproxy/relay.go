@@ -194,9 +194,9 @@ func (s *session) relay(a *allowed) {
 
 	var err error
 	if rec.BytesUp, err = writeAll(a.up, a.clientBytes); err != nil {
-		r.abort(fmt.Sprintf("client->upstream: %v", err))
+		r.abort(fmt.Sprintf("%s: %v", directionNames[0], err))
 	} else if rec.BytesDown, err = writeAll(s.client, a.upBytes); err != nil {
-		r.abort(fmt.Sprintf("upstream->client: %v", err))
+		r.abort(fmt.Sprintf("%s: %v", directionNames[1], err))
 	} else {
 		a.clientBytes, a.upBytes = nil, nil // counted, and let go of
 		var n, m int64
@@ -303,7 +303,7 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 				up, down, err = wait()
 				release()
 				if err != nil {
-					r.abort(err.Error())
+					r.abort(kernelFailure(err))
 				}
 				return n[0] + up, n[1] + down, egresslog.RelayKernel, err
 			}
@@ -319,6 +319,24 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 	}
 	return n[0], n[1], how, err
 }
+
+// kernelFailure is why a connection failed on the kernel path, said as
+// the user-space relay says it: by the direction whose source failed,
+// when the error says which socket that was.
+func kernelFailure(err error) string {
+	var side interface {
+		FailedSide() int
+		Unwrap() error
+	}
+	if errors.As(err, &side) && side.FailedSide() >= 0 && side.FailedSide() < len(directionNames) {
+		return fmt.Sprintf("%s: %v", directionNames[side.FailedSide()], side.Unwrap())
+	}
+	return err.Error()
+}
+
+// directionNames name a relay's directions by their source: the client's
+// bytes, then the upstream's.
+var directionNames = [2]string{"client->upstream", "upstream->client"}
 
 // handoverAttempts bounds the times a relay tries to hand a connection
 // over whose senders keep the receive queues full (bulk on loopback),
@@ -462,8 +480,8 @@ type direction struct {
 
 func (r *relay) directions() [2]direction {
 	return [2]direction{
-		{dst: r.up, src: r.client, pace: r.paceUp, name: "client->upstream"},
-		{dst: r.client, src: r.up, pace: r.paceDown, name: "upstream->client"},
+		{dst: r.up, src: r.client, pace: r.paceUp, name: directionNames[0]},
+		{dst: r.client, src: r.up, pace: r.paceDown, name: directionNames[1]},
 	}
 }
 

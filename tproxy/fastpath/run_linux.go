@@ -86,7 +86,7 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 		for i, st := range states {
 			switch {
 			case st.err != nil:
-				pr.fail(conns, fmt.Errorf("fastpath: %w", st.err))
+				pr.fail(conns, &SideError{Side: i, Err: st.err})
 			case st.ended || st.left:
 				ended[i] = true
 				if i == 0 {
@@ -142,6 +142,22 @@ func (pr *Pair) fail(conns [2]*net.TCPConn, err error) {
 	}
 	pr.wake()
 }
+
+// SideError is a failure of one side's socket (a reset): Side 0 for the
+// first socket Run (or Move) was given, 1 for the second; Run's caller
+// can say which direction's source failed, as a relay does.
+type SideError struct {
+	Side int
+	Err  error
+}
+
+func (e *SideError) Error() string { return "fastpath: " + e.Err.Error() }
+
+func (e *SideError) Unwrap() error { return e.Err }
+
+// FailedSide is Side, for a caller that knows the error only by this
+// method (tproxy, which does not import this package).
+func (e *SideError) FailedSide() int { return e.Side }
 
 // sideState is what a side's socket says: a reset, bytes the verdict
 // left to user space, or its peer's end; nothing of those while the
@@ -270,10 +286,11 @@ func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
 			if derr := pr.drain(i, dst); derr != nil {
 				return derr
 			}
-			if _, werr := dst.Write((*bp)[:n]); werr != nil {
+			m, werr := dst.Write((*bp)[:n])
+			pr.relayed[i].Add(int64(m)) // what went, if not all did: the record's count
+			if werr != nil {
 				return werr
 			}
-			pr.relayed[i].Add(int64(n))
 			wait, waited = time.Millisecond, 0
 		}
 		if err == io.EOF {
