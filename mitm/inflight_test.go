@@ -336,9 +336,12 @@ func TestInterceptedRequestWhoseClientStalls(t *testing.T) {
 			pol, err := policy.New(policy.Config{Allow: []string{"GET api.test:*/other"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
 			require.NoError(t, err)
 			r.changed.Store(pol)
+			start := time.Now()
 			p.Rejudge("a1")
 			rec := r.waitRecord(func(rec egresslog.Record) bool { return rec.Path == "/public/stream" })
 			assert.Equal(t, tproxy.ReasonPolicyChanged+policy.ReasonNoRequestRule, rec.Reason, "record %+v", rec)
+			// TLS's close_notify waited 5 s on the client that reads nothing.
+			assert.Less(t, time.Since(start), 2*time.Second, "ended, and recorded, only after %v", time.Since(start))
 		})
 	}
 }

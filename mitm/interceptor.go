@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -250,7 +251,7 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 		i.logger().Error("interception refused", "agent", agent, "host", host, "err", err)
 		return err
 	}
-	tlsConn := tls.Server(conn, &tls.Config{
+	tlsConn := tls.Server(&stalledWrites{Conn: conn}, &tls.Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return i.leafFor(agent, host) },
 		NextProtos:     []string{"h2", "http/1.1"},
 		MinVersion:     tls.VersionTLS12,
@@ -303,6 +304,38 @@ func (i *Interceptor) Intercept(ctx context.Context, conn net.Conn, agent string
 	srv.Close()
 	tlsConn.Close()
 	return nil
+}
+
+// stalledWrites is an intercepted connection beneath its TLS: once a
+// write to it has timed out (a request was ended while its client read
+// nothing: httpfwd.Client), every later write times out at once, so that
+// TLS's close_notify, which would wait 5 s on such a client, does not
+// hold the request's end, and its record, that long.
+type stalledWrites struct {
+	net.Conn
+	timedOut atomic.Bool
+}
+
+func (c *stalledWrites) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		c.timedOut.Store(true)
+	}
+	return n, err
+}
+
+func (c *stalledWrites) SetWriteDeadline(t time.Time) error {
+	if c.timedOut.Load() {
+		t = time.Now()
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *stalledWrites) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.SetWriteDeadline(t)
 }
 
 // leafFor is host's leaf, minted for this agent only within its rate:
