@@ -44,8 +44,22 @@ func (r *rig) viaTProxy(t testing.TB, intercept bool) string {
 
 // viaTProxyWith is viaTProxy with the proxy's own guard and resolver.
 func (r *rig) viaTProxyWith(t testing.TB, intercept bool, guard *netguard.Guard, resolver netguard.Resolver) string {
+	_, addr := r.tproxyWith(t, intercept, guard, resolver)
+	return addr
+}
+
+// interceptingTProxy runs tproxy in front of the rig, intercepting, and
+// returns it (for Rejudge and Forget) and its address.
+func (r *rig) interceptingTProxy(t testing.TB) (*tproxy.Proxy, string) {
+	return r.tproxyWith(t, true, r.ic.Guard, r.ic.Resolver)
+}
+
+// tproxyWith runs tproxy in front of the rig, whose upstream is every
+// connection's original destination and whose current policy is agent
+// a1's, and returns it and its address.
+func (r *rig) tproxyWith(t testing.TB, intercept bool, guard *netguard.Guard, resolver netguard.Resolver) (*tproxy.Proxy, string) {
 	p := &tproxy.Proxy{
-		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.pol, true },
+		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
 		Guard:    guard,
 		Resolver: resolver,
 		Log:      r.log,
@@ -60,7 +74,7 @@ func (r *rig) viaTProxyWith(t testing.TB, intercept bool, guard *netguard.Guard,
 	require.NoError(t, err)
 	go p.Serve(ln)
 	t.Cleanup(func() { p.Close() })
-	return ln.Addr().String()
+	return p, ln.Addr().String()
 }
 
 // clientFor returns a client that trusts both the interception CA and the

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,21 +47,8 @@ func refreshBehindTproxy(t *testing.T) (r *rig, p *tproxy.Proxy, c *tls.Conn, gr
 	x := &RefreshExchange{Host: fmt.Sprintf("api.test:%d", r.upPort), Path: "/oauth/token", RefreshSecret: "refresh", Store: r.vault, Client: r.ic.Client(false)}
 	reached = make(chan struct{}, 1)
 	r.ic.Hooks = []Hook{func(http.ResponseWriter, *http.Request, string) bool { reached <- struct{}{}; return false }, x.Hook()}
-	p = &tproxy.Proxy{
-		Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
-		Guard:    r.ic.Guard,
-		Resolver: r.ic.Resolver,
-		Log:      r.log,
-		OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
-			return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
-		},
-		Interceptor: r.ic,
-	}
-	ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	go p.Serve(ln)
-	t.Cleanup(func() { p.Close() })
-	raw, err := net.Dial("tcp", ln.Addr().String())
+	p, addr := r.interceptingTProxy(t)
+	raw, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { raw.Close() })
 	c = tls.Client(raw, &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test", NextProtos: []string{"http/1.1"}})

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -49,25 +48,12 @@ func TestWebSocketEndsOnRejudgeAndForget(t *testing.T) {
 			r := newRig(t)
 			withRequestEntries(t, r)
 			r.mux.Handle("/ws/", websocket.Handler(func(ws *websocket.Conn) { io.Copy(ws, ws) }))
-			p := &tproxy.Proxy{
-				Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
-				Guard:    r.ic.Guard,
-				Resolver: r.ic.Resolver,
-				Log:      r.log,
-				OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
-					return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
-				},
-				Interceptor: r.ic,
-			}
-			ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			go p.Serve(ln)
-			t.Cleanup(func() { p.Close() })
+			p, addr := r.interceptingTProxy(t)
 
 			cfg, err := websocket.NewConfig("wss://api.test/ws/allowed", "https://api.test/")
 			require.NoError(t, err)
 			cfg.TlsConfig = &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test"}
-			raw, err := net.Dial("tcp", ln.Addr().String())
+			raw, err := net.Dial("tcp", addr)
 			require.NoError(t, err)
 			ws, err := websocket.NewClient(cfg, tls.Client(raw, cfg.TlsConfig))
 			require.NoError(t, err, "websocket handshake")
@@ -215,24 +201,11 @@ func TestMCPToolCallEndsWhenItsToolIsRefused(t *testing.T) {
 					r.changed.Store(pol)
 				}
 				setTools("search,slow")
-				p := &tproxy.Proxy{
-					Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
-					Guard:    r.ic.Guard,
-					Resolver: r.ic.Resolver,
-					Log:      r.log,
-					OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
-						return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
-					},
-					Interceptor: r.ic,
-				}
-				ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
-				require.NoError(t, err)
-				go p.Serve(ln)
-				t.Cleanup(func() { p.Close() })
+				p, addr := r.interceptingTProxy(t)
 
 				client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "1"}, nil)
 				session, err := client.Connect(t.Context(), &mcp.StreamableClientTransport{
-					Endpoint: endpoint, HTTPClient: r.client(ln.Addr().String(), h2), MaxRetries: -1,
+					Endpoint: endpoint, HTTPClient: r.client(addr, h2), MaxRetries: -1,
 				}, nil)
 				require.NoError(t, err, "the session starts through the gateway")
 				defer session.Close()
@@ -295,22 +268,9 @@ func TestInterceptedRequestWhoseClientStalls(t *testing.T) {
 					lastWrite.Store(time.Now().UnixNano())
 				}
 			})
-			p := &tproxy.Proxy{
-				Agents:   func(netip.Addr) (string, *policy.Policy, bool) { return "a1", r.current(), true },
-				Guard:    r.ic.Guard,
-				Resolver: r.ic.Resolver,
-				Log:      r.log,
-				OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
-					return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), r.upPort), nil
-				},
-				Interceptor: r.ic,
-			}
-			ln, err := tproxy.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			go p.Serve(ln)
-			t.Cleanup(func() { p.Close() })
+			p, addr := r.interceptingTProxy(t)
 
-			raw, err := net.Dial("tcp", ln.Addr().String())
+			raw, err := net.Dial("tcp", addr)
 			require.NoError(t, err)
 			defer raw.Close()
 			raw.(*net.TCPConn).SetReadBuffer(64 << 10)
