@@ -457,25 +457,6 @@ func TestIdleUpgradeEnds(t *testing.T) {
 	}
 }
 
-// TestShutdownWaitsForUpgrades: Shutdown waits for an upgrade's tunnel,
-// though the server it came through no longer knows the connection, and
-// ends it when its time is up, on both paths.
-func TestShutdownWaitsForUpgrades(t *testing.T) {
-	for _, p := range plainPaths {
-		t.Run(p.name, func(t *testing.T) {
-			w := newWorld(t, []string{"svc.test:*"}, nil)
-			addr := w.serveLong("127.0.0.2")
-			c, br := openExchange(t, w, p, addr, "/upgrade")
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer cancel()
-			assert.ErrorIs(t, w.proxy.Shutdown(ctx), context.DeadlineExceeded, "Shutdown did not wait for the upgrade")
-			endsSoon(t, c, br, true)
-			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/upgrade" })
-			assert.Equal(t, ReasonShuttingDown, r.Reason, "record %+v", r)
-		})
-	}
-}
-
 // inFlightInterceptor claims api.test and, as mitm does for each request
 // it forwards, registers one request with the policy.InFlight it is
 // handed: judged by its path, /ws, and ended by closing the connection.

@@ -209,28 +209,34 @@ func TestEndedRequestWhoseClientStalls(t *testing.T) {
 }
 
 // TestShutdownWaitsForPlainRequests: Shutdown waits for a plain HTTP
-// request in flight (a stream) on both paths, and ends it, recorded so,
-// when its time is up: the explicit proxy's were cut at once, and
-// recorded as ending by themselves.
+// exchange in flight, a stream or an upgrade's tunnel (which the server
+// it came through no longer knows), on both paths, and ends it, recorded
+// so, when its time is up. The explicit proxy's streams were cut at
+// once, and recorded as ending by themselves.
 func TestShutdownWaitsForPlainRequests(t *testing.T) {
 	for _, p := range plainPaths {
-		t.Run(p.name, func(t *testing.T) {
-			w := newWorld(t, []string{"svc.test:*"}, nil)
-			addr := w.serveLong("127.0.0.2")
-			c, br := openExchange(t, w, p, addr, "/stream")
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			shut := make(chan error, 1)
-			go func() { shut <- w.proxy.Shutdown(ctx) }()
-			for range 5 { // ticks during the grace
-				_, err := br.ReadString('\n')
-				require.NoError(t, err, "ended during the grace")
-			}
-			assert.ErrorIs(t, <-shut, context.DeadlineExceeded, "Shutdown did not wait for the stream")
-			endsSoon(t, c, br, false)
-			r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == "/stream" })
-			assert.Equal(t, ReasonShuttingDown, r.Reason, "record %+v", r)
-		})
+		for _, path := range []string{"/stream", "/upgrade"} {
+			t.Run(p.name+path, func(t *testing.T) {
+				w := newWorld(t, []string{"svc.test:*"}, nil)
+				addr := w.serveLong("127.0.0.2")
+				c, br := openExchange(t, w, p, addr, path)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				shut := make(chan error, 1)
+				go func() { shut <- w.proxy.Shutdown(ctx) }()
+				for range 5 { // during the grace, it goes on
+					if path == "/upgrade" {
+						fmt.Fprintf(c, "ping\n")
+					}
+					_, err := br.ReadString('\n')
+					require.NoError(t, err, "ended during the grace")
+				}
+				assert.ErrorIs(t, <-shut, context.DeadlineExceeded, "Shutdown did not wait for the exchange")
+				endsSoon(t, c, br, path == "/upgrade")
+				r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP && r.Path == path })
+				assert.Equal(t, ReasonShuttingDown, r.Reason, "record %+v", r)
+			})
+		}
 	}
 }
 
