@@ -20,7 +20,12 @@ type KernelPath interface {
 	// after which both connections are to be closed. A failure of one
 	// side's socket that says which (a FailedSide() int method: 0 the
 	// client, 1 the upstream, and Unwrap to its cause) is recorded as the
-	// user-space relay records a failure of that direction's source. An
-	// error from Move means it took nothing.
-	Move(client, upstream *net.TCPConn) (wait func() (up, down int64, err error), err error)
+	// user-space relay records a failure of that direction's source.
+	// abort, which may come while wait waits, ends both directions with
+	// a reset and wait with them; the proxy closes both connections
+	// straight after it, so it fixes the counts first, at what each
+	// side's socket had taken to send (what a relay counts: not bytes the
+	// kernel held for a receiver that never took them). An error from
+	// Move means it took nothing.
+	Move(client, upstream *net.TCPConn) (wait func() (up, down int64, err error), abort func(), err error)
 }

@@ -39,22 +39,35 @@ func kernelPath(t *testing.T) *fastpath.Path {
 	return kp
 }
 
-// signalledPath tells of each connection its KernelPath takes.
+// signalledPath tells of each connection its KernelPath takes, and of
+// each it is told to abort: whether both sockets were still open then,
+// so that the counts could be read from them.
 type signalledPath struct {
 	KernelPath
-	moved chan struct{}
+	moved   chan struct{}
+	aborted chan bool
 }
 
 func signalled(kp KernelPath) signalledPath {
-	return signalledPath{kp, make(chan struct{}, 16)}
+	return signalledPath{kp, make(chan struct{}, 16), make(chan bool, 16)}
 }
 
-func (sp signalledPath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), error) {
-	wait, err := sp.KernelPath.Move(client, upstream)
-	if err == nil {
-		sp.moved <- struct{}{}
+func (sp signalledPath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), func(), error) {
+	wait, abort, err := sp.KernelPath.Move(client, upstream)
+	if err != nil {
+		return wait, abort, err
 	}
-	return wait, err
+	sp.moved <- struct{}{}
+	return wait, func() {
+		sp.aborted <- isOpen(client) && isOpen(upstream)
+		abort()
+	}, nil
+}
+
+// isOpen says whether c has not been closed.
+func isOpen(c *net.TCPConn) bool {
+	rc, err := c.SyscallConn()
+	return err == nil && rc.Control(func(uintptr) {}) == nil
 }
 
 // awaitMoved waits for the kernel path to take a connection.
@@ -333,6 +346,14 @@ func TestKernelPathEndsOnForgetAndRejudge(t *testing.T) {
 			ended := func(br *bufio.Reader, id uint64) egresslog.Record {
 				_, err := br.ReadString('\n')
 				assert.Error(t, err, "the connection is still open")
+				if sp != nil {
+					select {
+					case open := <-sp.aborted:
+						assert.True(t, open, "the kernel path was told to abort after its sockets were closed: its counts are lost")
+					default:
+						assert.Fail(t, "the kernel path was not told to abort")
+					}
+				}
 				return w.waitRecord(func(r egresslog.Record) bool { return r.ConnID == id && !r.Open })
 			}
 

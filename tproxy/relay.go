@@ -36,6 +36,9 @@ type relay struct {
 	// paceUp and paceDown, when set, are told of the bytes moved each
 	// way and wait while the agent is over its byte quota.
 	paceUp, paceDown *pacer
+	// kernelAbort, while the KernelPath moves the connection, ends it
+	// there, its counts fixed before abort closes the sockets.
+	kernelAbort atomic.Pointer[func()]
 }
 
 func newRelay(client net.Conn, up *net.TCPConn) *relay {
@@ -123,6 +126,9 @@ func (pc *pacer) write(w io.Writer, b []byte) (int, error) {
 // side surfaces as a reset on the other.
 func (r *relay) abort(why string) {
 	r.why.CompareAndSwap(nil, &why)
+	if stop := r.kernelAbort.Load(); stop != nil {
+		(*stop)()
+	}
 	reset(r.client)
 	reset(r.up)
 }
@@ -298,9 +304,11 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 				h = nil // the agent's places on the kernel path are taken
 				break
 			}
-			wait, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
+			wait, stop, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
 			if kerr == nil {
+				r.kernelAbort.Store(&stop)
 				up, down, err = wait()
+				r.kernelAbort.Store(nil)
 				release()
 				if err != nil {
 					r.abort(kernelFailure(err))

@@ -53,6 +53,14 @@
 // none is for urgent data that comes later, which is passed on inline, as
 // an ordinary byte: a stream verdict sees no TCP flags.
 //
+// The verdict counts a byte as it redirects it. A pair cut short (a
+// reset, or the caller's Abort) counts as moved no more than what each
+// side's socket had taken to send by then (TCP_INFO's bytes acknowledged
+// and the send queue, read before the reset): bytes the kernel path still
+// held for a receiver that never took them go with the reset, unsent, and
+// a relay would not have counted them either
+// (TestAbortCountsWhatTheSocketTook).
+//
 // It is Linux only, needs CAP_BPF and CAP_NET_ADMIN (or root) and the
 // kernel's BTF, and is optional: New fails with a reason without them,
 // and the caller keeps its user-space relay.

@@ -173,8 +173,11 @@ type Pair struct {
 	// relayed is what Run copied itself, of a direction the verdict left
 	// to user space.
 	relayed [2]atomic.Int64
-	// failed is the first error of either direction, which ends both.
-	failed atomic.Pointer[error]
+	// failed is the first failure of either direction (or the caller's
+	// Abort), which ends both.
+	failed atomic.Pointer[failure]
+	// conns are the pair's sockets, a then b, for Abort.
+	conns [2]*net.TCPConn
 	// woken tells Run of a change it waits for without Go's poller.
 	woken      chan struct{}
 	removeOnce sync.Once
@@ -196,10 +199,10 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 		p.mu.Unlock()
 		return nil, errors.New("fastpath: full")
 	}
-	pr := &Pair{p: p, slots: [2]uint32{p.free[len(p.free)-1], p.free[len(p.free)-2]}, woken: make(chan struct{}, 1)}
+	conns := [2]*net.TCPConn{a, b}
+	pr := &Pair{p: p, slots: [2]uint32{p.free[len(p.free)-1], p.free[len(p.free)-2]}, woken: make(chan struct{}, 1), conns: conns}
 	p.free = p.free[:len(p.free)-2]
 	p.mu.Unlock()
-	conns := [2]*net.TCPConn{a, b}
 	for i, c := range conns {
 		cookie, err := socketCookie(c)
 		if err != nil {
@@ -351,15 +354,16 @@ func withFD(c *net.TCPConn, f func(fd int) error) error {
 	return ferr
 }
 
-// Move splices a and b and returns the wait for their end: Run, then
-// Remove. It is the form tproxy.Proxy's KernelPath takes.
-func (p *Path) Move(a, b *net.TCPConn) (wait func() (aToB, bToA int64, err error), err error) {
+// Move splices a and b and returns the wait for their end (Run, then
+// Remove) and what cuts them short (Abort). It is the form
+// tproxy.Proxy's KernelPath takes.
+func (p *Path) Move(a, b *net.TCPConn) (wait func() (aToB, bToA int64, err error), abort func(), err error) {
 	pr, err := p.Splice(a, b)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	return func() (int64, int64, error) {
 		defer pr.Remove()
 		return pr.Run(a, b)
-	}, nil
+	}, pr.Abort, nil
 }

@@ -117,8 +117,8 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 	}
 	passing.Wait()
 	aToB, bToA = pr.Bytes()
-	if e := pr.failed.Load(); e != nil {
-		err = *e
+	if f := pr.failed.Load(); f != nil {
+		aToB, bToA, err = f.sent(0, aToB), f.sent(1, bToA), f.err
 	}
 	return aToB, bToA, err
 }
@@ -132,15 +132,60 @@ func (pr *Pair) wake() {
 }
 
 // fail ends both sides at once with a reset, err the cause, unless they
-// failed before: every wait on them returns.
+// failed before: every wait on them returns. What each side's socket had
+// taken to send is read first, while both are open.
 func (pr *Pair) fail(conns [2]*net.TCPConn, err error) {
-	if pr.failed.CompareAndSwap(nil, &err) {
+	f := &failure{err: err, took: pr.tookToSend(conns)}
+	if pr.failed.CompareAndSwap(nil, f) {
 		for _, c := range conns {
 			c.SetLinger(0)
 			c.SetReadDeadline(time.Now())
 		}
 	}
 	pr.wake()
+}
+
+// Abort ends both sides at once with a reset, as a failure does, and Run
+// returns ErrAborted. What each socket had taken to send when Abort came
+// is what Run counts as moved, so a caller that closes the sockets
+// straight after (to end them whatever Run is doing) loses no count.
+func (pr *Pair) Abort() {
+	pr.fail(pr.conns, ErrAborted)
+}
+
+// ErrAborted is Run's error after Abort.
+var ErrAborted = errors.New("fastpath: aborted by its caller")
+
+// failure is how a pair failed: the cause, and what each direction's
+// destination had taken to send by then (-1 if it could not say).
+type failure struct {
+	err  error
+	took [2]int64
+}
+
+// sent is what direction i sent of the moved bytes it counted: no more
+// than its destination had taken when the pair failed. The verdict
+// counts a byte as it redirects it, and the reset drops what it
+// redirected that the destination had not yet taken, unsent; a relay's
+// count, what its writes put in the socket, never holds such bytes.
+func (f *failure) sent(i int, moved int64) int64 {
+	if f.took[i] < 0 {
+		return moved
+	}
+	return min(moved, f.took[i])
+}
+
+// tookToSend is what each direction's destination (the other side's
+// socket) has taken to send since the splice, whether or not it has sent
+// it yet; -1 for a socket that cannot say (closed).
+func (pr *Pair) tookToSend(conns [2]*net.TCPConn) [2]int64 {
+	took := [2]int64{-1, -1}
+	for i := range 2 {
+		if q, _, err := queued(conns[1-i]); err == nil {
+			took[i] = max(q-pr.base[1-i], 0)
+		}
+	}
+	return took
 }
 
 // SideError is a failure of one side's socket (a reset): Side 0 for the
