@@ -59,7 +59,9 @@ type Record struct {
 	// BytesUp and BytesDown are the bytes from the agent towards the
 	// destination and back: of an HTTP request, its head and body, and
 	// its response's (each head as HTTP/1.1 writes it), and an upgrade's
-	// tunnel.
+	// tunnel. Of a connection, what the gateway's socket towards the
+	// other side took to send, whatever moved it (Relay): a reset may
+	// still drop bytes of it that were queued, unsent.
 	BytesUp   int64
 	BytesDown int64
 	// Relay is how a passed-through connection's bytes were moved:
