@@ -40,18 +40,21 @@ func UpstreamsFromFile(path string) ([]string, error) {
 }
 
 // upstreamQuery builds the question sent upstream: a fresh ID, the
-// client's question and recursion flag, and of its EDNS0 only the buffer
-// size and DNSSEC OK bit. Other options (cookies, padding, client subnet,
-// anything unknown) stay at the gateway, so they cannot carry data out.
-func upstreamQuery(req *dns.Msg, q dns.Question, do bool) *dns.Msg {
+// client's question, and of its EDNS0 only the DNSSEC OK bit (which the
+// cache keys by). The rest is the gateway's own, whoever asked first:
+// recursion desired, checking not disabled, EDNS0 with the gateway's
+// buffer size. The answer is shared by every agent asking the same
+// question and cached for them, so no agent's flags may choose it (a
+// non-recursive question would get another agent "no data"; one with
+// checking disabled, answers that failed validation). Other options
+// (cookies, padding, client subnet, anything unknown) stay at the
+// gateway, so they cannot carry data out.
+func upstreamQuery(q dns.Question, do bool) *dns.Msg {
 	m := new(dns.Msg)
 	m.Id = dns.Id()
-	m.RecursionDesired = req.RecursionDesired
-	m.CheckingDisabled = req.CheckingDisabled
+	m.RecursionDesired = true
 	m.Question = []dns.Question{q}
-	if req.IsEdns0() != nil {
-		m.SetEdns0(upstreamUDPSize, do)
-	}
+	m.SetEdns0(upstreamUDPSize, do)
 	return m
 }
 

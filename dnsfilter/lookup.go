@@ -56,9 +56,8 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 	results := make(chan result, len(qtypes))
 	for i, qt := range qtypes {
 		go func() {
-			req := new(dns.Msg)
-			req.SetQuestion(name, qt)
-			m, _, err := s.resolve(ctx, asker{agent: policy.AgentFrom(ctx), gateway: true}, req, canon, req.Question[0], false)
+			q := dns.Question{Name: name, Qtype: qt, Qclass: dns.ClassINET}
+			m, _, err := s.resolve(ctx, asker{agent: policy.AgentFrom(ctx), gateway: true}, canon, q, false)
 			if err != nil {
 				results <- result{i: i, err: err}
 				return

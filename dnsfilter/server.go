@@ -475,7 +475,7 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current 
 	do := opt != nil && opt.Do()
 	ctx, cancel := context.WithTimeout(context.Background(), cmpDur(s.Timeout, DefaultTimeout))
 	defer cancel()
-	up, age, err := s.resolve(ctx, asker{agent: agent}, req, rec.Host, q, do)
+	up, age, err := s.resolve(ctx, asker{agent: agent}, rec.Host, q, do)
 	var busy overBudget
 	switch {
 	case errors.As(err, &busy): // a bound this agent met: a refusal, not a failure
@@ -556,7 +556,7 @@ type asker struct {
 // An asker waiting for the upstream takes a place in its budget: its
 // agent's share of the sandboxes' queries, or of the gateway's lookups;
 // none left is an error at once. The wait ends with ctx.
-func (s *Server) resolve(ctx context.Context, who asker, req *dns.Msg, name string, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
+func (s *Server) resolve(ctx context.Context, who asker, name string, q dns.Question, do bool) (*dns.Msg, time.Duration, error) {
 	key := cacheKey{name: dns.Fqdn(name), qtype: q.Qtype, do: do}
 	now := time.Now()
 	if s.cache != nil {
@@ -591,7 +591,7 @@ func (s *Server) resolve(ctx context.Context, who asker, req *dns.Msg, name stri
 		q.Name = key.name // ask in canonical form; the answer is matched case-insensitively
 		// One exchange for every asker: bounded by the timeout, not by
 		// the first asker's context.
-		m, err := exchange(context.Background(), s.upstreams, upstreamQuery(req, q, do), cmpDur(s.Timeout, DefaultTimeout))
+		m, err := exchange(context.Background(), s.upstreams, upstreamQuery(q, do), cmpDur(s.Timeout, DefaultTimeout))
 		if err != nil {
 			return nil, err
 		}

@@ -336,6 +336,32 @@ func TestEDNSForwarding(t *testing.T) {
 	assert.Empty(t, up.Option, "client options reached upstream")
 }
 
+// TestUpstreamQuestionIsTheGatewaysOwn: the answer to a question is
+// shared by every agent asking it, and cached for them, so the question
+// upstream carries the gateway's flags, not the first asker's. An agent
+// asking first without recursion, with checking disabled and without
+// EDNS0 got the next asker "no data" (or unvalidated answers) before.
+func TestUpstreamQuestionIsTheGatewaysOwn(t *testing.T) {
+	h := newHarness(t, []string{"a.test"}, nil)
+	m := new(dns.Msg)
+	m.SetQuestion("a.test.", dns.TypeA)
+	m.RecursionDesired, m.CheckingDisabled = false, true
+	c := dns.Client{Net: "udp", Timeout: 3 * time.Second}
+	resp, _, err := c.Exchange(m, h.addr)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"140.82.112.3"}, answerStrings(resp), "the first asker")
+	h.up.mu.Lock()
+	hdr, opt := h.up.last, h.up.lastOpt
+	h.up.mu.Unlock()
+	assert.True(t, hdr.RecursionDesired, "the upstream was asked not to recurse")
+	assert.False(t, hdr.CheckingDisabled, "the upstream was asked not to validate")
+	if assert.NotNil(t, opt, "the upstream was asked without EDNS0") {
+		assert.EqualValues(t, upstreamUDPSize, opt.UDPSize())
+	}
+	assert.Equal(t, []string{"140.82.112.3"}, answerStrings(h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false)), "the next asker, from the cache")
+	assert.Equal(t, 1, h.up.count("a.test"))
+}
+
 func TestBadQueries(t *testing.T) {
 	h := newHarness(t, []string{"a.test"}, nil)
 	send := func(raw []byte) *dns.Msg {

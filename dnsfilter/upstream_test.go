@@ -41,6 +41,7 @@ type upstream struct {
 	mu      sync.Mutex
 	queries map[string]int
 	lastOpt *dns.OPT
+	last    dns.MsgHdr // the last query's header
 }
 
 func startUpstream(t testing.TB) *upstream {
@@ -74,12 +75,18 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	u.mu.Lock()
 	u.queries[name]++
 	u.lastOpt = r.IsEdns0()
+	u.last = r.MsgHdr
 	u.mu.Unlock()
 
 	m := new(dns.Msg)
 	m.SetReply(r)
 	m.Authoritative = true
 	switch {
+	case !r.RecursionDesired:
+		// As a resolver with nothing cached answers a question it is
+		// not to recurse for: no data.
+		m.Authoritative = false
+		m.Ns = []dns.RR{mustRR("test. 60 IN SOA ns.test. admin.test. 1 3600 600 86400 30")}
 	case name == "slow.test.":
 		time.Sleep(2 * time.Second) // a slow server, beyond the filter's timeout
 	case name == "wrongq.test.":
