@@ -1,11 +1,14 @@
 package policy
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/netguard"
 )
 
 // TestDenyEntries: a deny entry, in every form, wins over allow entries,
@@ -140,6 +143,28 @@ func TestDecideDoH(t *testing.T) {
 		assert.False(t, d.Allowed, host)
 	}
 	assert.Equal(t, ReasonDoH, p.DecideDoH("x.example.org", 443).Reason)
+}
+
+// TestDialCheck: a dial checks the address against the policy the
+// request carries, and a request that carries none is refused.
+func TestDialCheck(t *testing.T) {
+	p, err := New(Config{Allow: []string{"api.example.com"}, Deny: []string{"203.0.113.0/24"}})
+	require.NoError(t, err)
+	ctx := WithPolicy(context.Background(), p)
+	inside, outside := netip.MustParseAddrPort("203.0.113.7:443"), netip.MustParseAddrPort("198.51.100.7:443")
+	assert.NoError(t, DialCheck(ctx, "api.example.com", outside))
+	assert.ErrorIs(t, DialCheck(ctx, "api.example.com", inside), netguard.ErrDenied)
+	for name, ctx := range map[string]context.Context{
+		"no policy":  context.Background(),
+		"nil policy": WithPolicy(context.Background(), nil),
+	} {
+		err := DialCheck(ctx, "api.example.com", outside)
+		assert.ErrorIs(t, err, netguard.ErrDenied, name)
+		var re *ResolvedError
+		if assert.ErrorAs(t, err, &re, name) {
+			assert.Equal(t, ReasonNoPolicy, re.Reason, name)
+		}
+	}
 }
 
 // TestCheckResolved: at dial time, the address a name resolved to is

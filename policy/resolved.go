@@ -71,13 +71,11 @@ func WithPolicy(ctx context.Context, p *Policy) context.Context {
 }
 
 // DialCheck is a netguard.Dialer Check that applies CheckResolved
-// of the policy WithPolicy put in ctx; without one it allows (the caller
-// judged the request already and has no per-address rules to apply).
+// of the policy WithPolicy put in ctx. Without one it refuses, as a nil
+// policy does (ReasonNoPolicy): a path that forgot WithPolicy would
+// otherwise dial past every per-address rule.
 func DialCheck(ctx context.Context, host string, ap netip.AddrPort) error {
-	p, ok := ctx.Value(policyKey{}).(*Policy)
-	if !ok {
-		return nil
-	}
+	p, _ := ctx.Value(policyKey{}).(*Policy)
 	return p.CheckResolved(host, ap)
 }
 
