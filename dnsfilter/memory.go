@@ -47,16 +47,36 @@ func newMemory(minTTL, maxTTL time.Duration, perAgent int) *memory {
 	return &memory{minTTL: minTTL, maxTTL: maxTTL, perAgent: perAgent, agents: map[string]*agentMemory{}}
 }
 
-// remember records that name resolved to addr for agent, for ttl bounded.
-func (m *memory) remember(agent string, addr netip.Addr, name string, ttl time.Duration, now time.Time) {
-	ttl = min(max(ttl, m.minTTL), m.maxTTL)
-	addr = addr.Unmap()
+// held returns agent's memory as it is now (a new one if it has none),
+// for a query being answered: what the answer teaches is remembered
+// there (rememberIn) only if Forget has not dropped it meanwhile, so no
+// answer that arrives after Forget outlives it.
+func (m *memory) held(agent string) *agentMemory {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	a := m.agents[agent]
 	if a == nil {
 		a = &agentMemory{byAddr: map[netip.Addr][]remembered{}}
 		m.agents[agent] = a
+	}
+	return a
+}
+
+// remember records that name resolved to addr for agent, for ttl bounded.
+func (m *memory) remember(agent string, addr netip.Addr, name string, ttl time.Duration, now time.Time) {
+	m.rememberIn(m.held(agent), agent, addr, name, ttl, now)
+}
+
+// rememberIn is remember into held, agent's memory when its query came,
+// unless Forget has dropped it since.
+func (m *memory) rememberIn(held *agentMemory, agent string, addr netip.Addr, name string, ttl time.Duration, now time.Time) {
+	ttl = min(max(ttl, m.minTTL), m.maxTTL)
+	addr = addr.Unmap()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := m.agents[agent]
+	if a != held {
+		return
 	}
 	names := a.byAddr[addr]
 	for i := range names {

@@ -473,6 +473,7 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current 
 	}
 
 	do := opt != nil && opt.Do()
+	mem := s.mem.held(agent)
 	ctx, cancel := context.WithTimeout(context.Background(), cmpDur(s.Timeout, DefaultTimeout))
 	defer cancel()
 	up, age, err := s.resolve(ctx, asker{agent: agent}, rec.Host, q, do)
@@ -512,7 +513,7 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current 
 	}
 	now := time.Now()
 	for _, r := range a.addrs {
-		s.mem.remember(agent, r.addr, rec.Host, r.ttl, now)
+		s.mem.rememberIn(mem, agent, r.addr, rec.Host, r.ttl, now)
 	}
 	return resp, rec
 }

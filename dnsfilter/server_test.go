@@ -362,6 +362,29 @@ func TestUpstreamQuestionIsTheGatewaysOwn(t *testing.T) {
 	assert.Equal(t, 1, h.up.count("a.test"))
 }
 
+// TestForgetDuringAQuery: an answer that arrives after its agent was
+// forgotten (removed, while its query waited upstream) is not
+// remembered for it: an agent made again under the name inherits
+// nothing of the removed one's.
+func TestForgetDuringAQuery(t *testing.T) {
+	h := newHarness(t, []string{"a.test"}, func(s *Server) { s.Timeout = 3 * time.Second })
+	h.up.mu.Lock()
+	h.up.delay = 300 * time.Millisecond
+	h.up.mu.Unlock()
+	answered := make(chan *dns.Msg, 1)
+	go func() { answered <- h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false) }()
+	require.Eventually(t, func() bool { return h.up.count("a.test") == 1 }, 3*time.Second, 5*time.Millisecond, "the query did not reach the upstream")
+	h.srv.Forget("a1")
+	require.Equal(t, []string{"140.82.112.3"}, answerStrings(<-answered))
+	assert.Empty(t, h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")), "an answer that came after Forget was remembered")
+
+	h.up.mu.Lock()
+	h.up.delay = 0
+	h.up.mu.Unlock()
+	h.query("udp", "127.0.0.1", "a.test", dns.TypeAAAA, false)
+	assert.Equal(t, []string{"a.test"}, h.srv.Names("a1", netip.MustParseAddr("2606:50c0:8000::153")), "an answer after Forget, to a new query, was not remembered")
+}
+
 func TestBadQueries(t *testing.T) {
 	h := newHarness(t, []string{"a.test"}, nil)
 	send := func(raw []byte) *dns.Msg {

@@ -41,7 +41,8 @@ type upstream struct {
 	mu      sync.Mutex
 	queries map[string]int
 	lastOpt *dns.OPT
-	last    dns.MsgHdr // the last query's header
+	last    dns.MsgHdr    // the last query's header
+	delay   time.Duration // before each answer
 }
 
 func startUpstream(t testing.TB) *upstream {
@@ -76,7 +77,9 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 	u.queries[name]++
 	u.lastOpt = r.IsEdns0()
 	u.last = r.MsgHdr
+	delay := u.delay
 	u.mu.Unlock()
+	time.Sleep(delay)
 
 	m := new(dns.Msg)
 	m.SetReply(r)
