@@ -301,19 +301,30 @@ func TestDoHRequestsRefused(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
-// TestForgetDropsTheAgentsPool: Forget closes an agent's idle upstream
-// connections and drops its pool; the agent, if it comes back, gets a
-// new one.
-func TestForgetDropsTheAgentsPool(t *testing.T) {
+// TestAgentsPoolIsForItsPolicy: an agent's requests share kept-alive
+// upstream connections while its policy stays; a new policy (whose
+// per-address rules no kept connection was dialled under) and Forget
+// each give the agent a new pool. The upstream tells the connection by
+// its peer address.
+func TestAgentsPoolIsForItsPolicy(t *testing.T) {
 	r := newRig(t)
+	r.mux.HandleFunc("/peer", func(w http.ResponseWriter, req *http.Request) { io.WriteString(w, req.RemoteAddr) })
 	c := r.client(r.addr, false)
-	resp, body := r.get(c, "https://api.test/", nil)
-	require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	_, pooled := r.ic.perAgent.Load("a1")
-	require.True(t, pooled, "no pool for the agent after a request")
+	peer := func() string {
+		resp, body := r.get(c, "https://api.test/peer", nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		return body
+	}
+	first := peer()
+	require.Equal(t, first, peer(), "the agent's second request did not reuse its upstream connection")
+
+	same, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	require.NoError(t, err)
+	r.changed.Store(same)
+	afterChange := peer()
+	assert.NotEqual(t, first, afterChange, "a request under a new policy rode a connection dialled under the old one")
+	assert.Equal(t, afterChange, peer(), "the new policy's pool does not keep its connections")
+
 	r.ic.Forget("a1")
-	_, pooled = r.ic.perAgent.Load("a1")
-	assert.False(t, pooled, "the agent's pool outlived Forget")
-	resp, body = r.get(c, "https://api.test/", nil)
-	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.NotEqual(t, afterChange, peer(), "the agent's pool outlived Forget")
 }

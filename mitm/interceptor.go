@@ -110,7 +110,7 @@ type Interceptor struct {
 
 	initOnce   sync.Once
 	transports *httpfwd.Transports // for hooks (Client)
-	perAgent   sync.Map            // agent -> *httpfwd.Transports
+	pools      httpfwd.Pools       // each agent's own, for its policy
 	upstream   budget.Counter      // upstream connections, per agent
 	mints      budget.Rates        // leaves minted, per agent
 	requests   budget.Counter      // requests in progress, per agent
@@ -136,11 +136,9 @@ const (
 
 var errUpstreamConns = errors.New(ReasonUpstreamConns)
 
-// transportsFor is an agent's own pool of upstream connections.
-func (i *Interceptor) transportsFor(agent string) *httpfwd.Transports {
-	if ts, ok := i.perAgent.Load(agent); ok {
-		return ts.(*httpfwd.Transports)
-	}
+// newPool makes an agent's own pool of upstream connections (for
+// httpfwd.Pools, which keeps one per agent and policy).
+func (i *Interceptor) newPool(agent string) *httpfwd.Transports {
 	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
 	var ts *httpfwd.Transports
 	ts = httpfwd.NewTransports(httpfwd.Config{
@@ -158,8 +156,7 @@ func (i *Interceptor) transportsFor(agent string) *httpfwd.Transports {
 			return func() { i.upstream.Release(agent) }, nil
 		},
 	})
-	actual, _ := i.perAgent.LoadOrStore(agent, ts)
-	return actual.(*httpfwd.Transports)
+	return ts
 }
 
 func orDefault[T int | float64](v, def T) T {
@@ -190,6 +187,7 @@ func (i *Interceptor) timeout() time.Duration {
 
 func (i *Interceptor) init() {
 	i.initOnce.Do(func() {
+		i.pools.New = i.newPool
 		i.transports = httpfwd.NewTransports(httpfwd.Config{
 			Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, MaxIdleConnsPerHost: 64, HTTP2: true,
 		})
@@ -213,10 +211,7 @@ func (i *Interceptor) CloseIdleConnections() {
 	if i.transports != nil {
 		i.transports.CloseIdleConnections()
 	}
-	i.perAgent.Range(func(_, ts any) bool {
-		ts.(*httpfwd.Transports).CloseIdleConnections()
-		return true
-	})
+	i.pools.CloseIdleConnections()
 }
 
 // Forget drops an agent's pool of upstream connections, closing those
@@ -224,9 +219,7 @@ func (i *Interceptor) CloseIdleConnections() {
 // that ends the agent's intercepted connections, and with them the
 // requests still using its pool.
 func (i *Interceptor) Forget(agent string) {
-	if ts, ok := i.perAgent.LoadAndDelete(agent); ok {
-		ts.(*httpfwd.Transports).CloseIdleConnections()
-	}
+	i.pools.Forget(agent)
 }
 
 // connInfo is what Intercept knows of a connection, for each request.
@@ -641,7 +634,7 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errInjectFailed
 	}
 	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.pol))
-	res, err := rt.i.transportsFor(st.info.agent).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	res, err := rt.i.pools.For(st.info.agent, st.pol).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
 	if err == nil {
 		takeUpgrade(st, res)
 	}

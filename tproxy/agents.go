@@ -230,6 +230,10 @@ func (p *Proxy) trackAgentConn(agent string, c net.Conn, cancel context.CancelFu
 // dialled or waiting for an approval. Call it when an agent is removed,
 // or its credentials revoked: what it opened before must not outlive it.
 func (p *Proxy) Forget(agent string) {
+	// Its kept-alive upstream connections first: none may carry a request
+	// of the agent's from now on.
+	p.pools.Forget(agent)
+	p.poolsH2C.Forget(agent)
 	v, ok := p.agentConns.LoadAndDelete(agent) // a removed agent's set goes with it
 	if !ok {
 		return

@@ -73,9 +73,10 @@ func (p *Proxy) startHTTP() {
 	cfg := httpfwd.Config{
 		Guard: p.Guard, Resolver: p.Resolver, DialTimeout: orDefault(p.DialTimeout, DefaultDialTimeout), Check: policy.DialCheck,
 	}
-	p.transports = httpfwd.NewTransports(cfg)
-	cfg.H2C = true
-	p.transportsH2C = httpfwd.NewTransports(cfg)
+	p.pools.New = func(string) *httpfwd.Transports { return httpfwd.NewTransports(cfg) }
+	h2c := cfg
+	h2c.H2C = true
+	p.poolsH2C.New = func(string) *httpfwd.Transports { return httpfwd.NewTransports(h2c) }
 	p.forward = &httputil.ReverseProxy{
 		Rewrite:   rewritePlain,
 		Transport: plainTransport{p},
@@ -291,18 +292,20 @@ func rewritePlain(pr *httputil.ProxyRequest) {
 	pr.Out.Host = pr.In.Host
 }
 
-// plainTransport sends a plain request on the transport for its agent's
-// private-network permission, as HTTP/2 with prior knowledge when it came
-// so. An upstream's switch of protocols goes through upgraded.
+// plainTransport sends a plain request on its agent's own pool of
+// upstream connections, for the policy it was judged by (httpfwd.Pools),
+// on the transport for that policy's private-network permission, as
+// HTTP/2 with prior knowledge when it came so. An upstream's switch of
+// protocols goes through upgraded.
 type plainTransport struct{ p *Proxy }
 
 func (t plainTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	st := plainStateOf(r)
-	ts := t.p.transports
+	pools := &t.p.pools
 	if r.ProtoMajor == 2 {
-		ts = t.p.transportsH2C
+		pools = &t.p.poolsH2C
 	}
-	res, err := ts.For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	res, err := pools.For(st.agent, st.pol).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
 	if err == nil && res.StatusCode == http.StatusSwitchingProtocols {
 		if err = t.p.beginUpgrade(st, res); err != nil {
 			return nil, err

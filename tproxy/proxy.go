@@ -166,8 +166,8 @@ type Proxy struct {
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
 	httpConns     *connQueue
-	transports    *httpfwd.Transports // plain HTTP upstream
-	transportsH2C *httpfwd.Transports // and HTTP/2 with prior knowledge
+	pools         httpfwd.Pools // plain HTTP upstream, each agent's own
+	poolsH2C      httpfwd.Pools // and HTTP/2 with prior knowledge
 	forward       *httputil.ReverseProxy
 	explicitSrvs  []*http.Server
 	sessionsWG    sync.WaitGroup
