@@ -262,3 +262,60 @@ func TestExplicitByteRateQuota(t *testing.T) {
 	assert.EqualValues(t, size, n)
 	assert.Greater(t, time.Since(start), 1500*time.Millisecond, "3 MiB at 1 MiB/s took less than 1.5 s")
 }
+
+// TestLastConnectionsKeptForLightAgents: agents each within their bound
+// (2 connections, of 20 in all) hold silent connections until the
+// gateway is nearly full; past three quarters, an agent holding any is
+// refused, and an agent holding none still gets its connection. Ten
+// such agents refused every other agent's connections before.
+func TestLastConnectionsKeptForLightAgents(t *testing.T) {
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"web.test"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	require.NoError(t, err)
+	log := &egresslog.Log{}
+	p := &Proxy{
+		Agents: func(src netip.Addr) (string, *policy.Policy, bool) { return "agent-" + src.String(), pol, true },
+		Log:    log,
+		OriginalDst: func(*net.TCPConn) (netip.AddrPort, error) {
+			return netip.MustParseAddrPort("198.18.0.5:443"), nil
+		},
+		MaxConns: 20, MaxConnsPerAgent: 2, HelloTimeout: time.Minute,
+	}
+	ln := listenLoop(t, "127.0.0.1:0")
+	go p.Serve(ln)
+	t.Cleanup(func() { p.Close() })
+	dial := func(src netip.Addr) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}}
+		c, err := d.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	refusals := func(reason string) int {
+		n := 0
+		for _, r := range log.List(egresslog.Filter{DeniedOnly: true}, 0) {
+			if r.Reason == reason {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range 10 {
+		for range 2 {
+			dial(netip.AddrFrom4([4]byte{127, 0, 1, byte(i + 1)}))
+		}
+	}
+	require.Eventually(t, func() bool { return p.open.Load()+int64(refusals(ReasonConnsKept)) == 20 }, 5*time.Second, 10*time.Millisecond,
+		"the heavy agents' connections were neither held nor refused")
+	assert.Positive(t, refusals(ReasonConnsKept), "no heavy agent was refused past three quarters")
+	assert.Zero(t, refusals(ReasonTooManyConns), "the heavy agents filled the gateway")
+
+	held := p.open.Load()
+	c := dial(netip.MustParseAddr("127.0.0.50"))
+	require.Eventually(t, func() bool { return p.open.Load() == held+1 }, 5*time.Second, 10*time.Millisecond, "the light agent's connection was not taken")
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	_, err = c.Read(make([]byte, 1))
+	assert.True(t, isTimeout(err), "the light agent's connection was ended: %v", err)
+	for _, r := range log.List(egresslog.Filter{Agent: "agent-127.0.0.50"}, 0) {
+		assert.True(t, r.Allowed, "the light agent was refused: %+v", r)
+	}
+}

@@ -135,6 +135,9 @@ type Proxy struct {
 	// MaxConns and MaxConnsPerAgent bound open connections, and
 	// explicit-proxy requests in progress, which count as connections;
 	// beyond them new ones are refused and recorded, and open ones go on.
+	// The last quarter of MaxConns is kept for agents that hold fewer than
+	// a sixteenth of MaxConnsPerAgent (budget.Fair), so that ten agents
+	// at their bound cannot refuse every other agent's connections.
 	// Zero means DefaultMaxConns and DefaultMaxConnsPerAgent. An agent's
 	// rate of new connections and its bytes per second each way are its
 	// policy's quotas (policy.Quotas).
@@ -232,7 +235,9 @@ func (p *Proxy) acquire(agent string, pol *policy.Policy) (release func(), reaso
 	if q := pol.Quotas().ConnectionsPerSecond; !p.connRates.Take(agent, 1, q, 2*q, time.Now()) {
 		return nil, policy.ReasonQuotaConnections
 	}
-	if p.open.Add(1) > int64(orDefault(p.MaxConns, DefaultMaxConns)) {
+	total, perAgent := orDefault(p.MaxConns, DefaultMaxConns), orDefault(p.MaxConnsPerAgent, DefaultMaxConnsPerAgent)
+	taken := p.open.Add(1)
+	if taken > int64(total) {
 		p.open.Add(-1)
 		return nil, ReasonTooManyConns
 	}
@@ -241,10 +246,18 @@ func (p *Proxy) acquire(agent string, pol *policy.Policy) (release func(), reaso
 		v, _ = p.perAgent.LoadOrStore(agent, new(atomic.Int64))
 	}
 	n := v.(*atomic.Int64)
-	if n.Add(1) > int64(orDefault(p.MaxConnsPerAgent, DefaultMaxConnsPerAgent)) {
+	held := n.Add(1)
+	why := ""
+	switch {
+	case held > int64(perAgent):
+		why = ReasonAgentTooManyConns
+	case !budget.Fair(int(held-1), perAgent, int(taken-1), total):
+		why = ReasonConnsKept
+	}
+	if why != "" {
 		n.Add(-1)
 		p.open.Add(-1)
-		return nil, ReasonAgentTooManyConns
+		return nil, why
 	}
 	return func() { n.Add(-1); p.open.Add(-1) }, ""
 }

@@ -34,9 +34,12 @@ const (
 	// requests the policy must judge one by one: TLS when there is no
 	// Interceptor to open it, or TCP that is neither TLS nor HTTP.
 	ReasonRequestsUnseen = "the policy judges this host's requests, and this connection's cannot be seen"
-	// The gateway's bounds on open connections, in all and per agent.
+	// The gateway's bounds on open connections, in all and per agent,
+	// and the last quarter of all, kept for agents that hold few
+	// (budget.Fair).
 	ReasonTooManyConns      = "too many connections"
 	ReasonAgentTooManyConns = "too many connections for this agent"
+	ReasonConnsKept         = "the gateway is nearly full, and its last connections are kept for agents that hold few"
 	reasonUpstreamPrefix    = "upstream: "
 )
 

@@ -117,20 +117,37 @@ type Counter struct {
 }
 
 // Acquire counts one in for key unless key already has perKey or the
-// total has total (a limit of zero or less means none), and reports
-// whether it did; Release counts it out.
+// total has total (a limit of zero or less means none), or the place is
+// one Fair keeps for keys that hold few, and reports whether it did;
+// Release counts it out.
 func (c *Counter) Acquire(key string, perKey, total int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
 		c.n = map[string]int{}
 	}
-	if perKey > 0 && c.n[key] >= perKey || total > 0 && c.total >= total {
+	if perKey > 0 && c.n[key] >= perKey || total > 0 && c.total >= total || !Fair(c.n[key], perKey, c.total, total) {
 		return false
 	}
 	c.n[key]++
 	c.total++
 	return true
+}
+
+// Fair reports whether a key that holds held places may take one more
+// of a total shared by keys each bounded by perKey, while taken are
+// taken. Until three quarters of the total are taken, it may; past
+// them, only a key that holds fewer than a sixteenth of perKey (at least
+// one) may, so that keys each within their bound cannot together take
+// every place from one that holds few: ten agents at the default
+// 2,000 connections each would otherwise hold all 20,000 of a gateway's.
+// With no per-key bound, or one that lets a key take the whole total (a
+// gateway for one agent), no quarter is kept.
+func Fair(held, perKey, taken, total int) bool {
+	if perKey <= 0 || total <= 0 || perKey >= total || taken < total-total/4 {
+		return true
+	}
+	return held < max(perKey/16, 1)
 }
 
 // Release counts one out for key.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestRatesTake(t *testing.T) {
@@ -61,4 +62,46 @@ func TestCounter(t *testing.T) {
 	c.Release("b")
 	c.Release("c")
 	assert.Empty(t, c.n, "released keys are forgotten")
+}
+
+// TestCounterKeepsAQuarterForTheLight: keys each within their bound
+// cannot together take the last quarter of the total; a key that holds
+// few still gets a place.
+func TestCounterKeepsAQuarterForTheLight(t *testing.T) {
+	var c Counter
+	const perKey, total = 32, 64 // past 48 taken, only keys holding fewer than 2
+	for range perKey {
+		require.True(t, c.Acquire("heavy1", perKey, total))
+	}
+	taken := perKey
+	for c.Acquire("heavy2", perKey, total) {
+		taken++
+	}
+	assert.Equal(t, total-total/4, taken, "heavy2 took places past three quarters")
+	for _, light := range []string{"light1", "light2", "light3"} {
+		assert.True(t, c.Acquire(light, perKey, total), "%s, holding none, was refused", light)
+		assert.True(t, c.Acquire(light, perKey, total), "%s, holding one, was refused", light)
+		assert.False(t, c.Acquire(light, perKey, total), "%s took a third place in the kept quarter", light)
+	}
+	c.Release("heavy1")
+	assert.False(t, c.Acquire("heavy1", perKey, total), "a heavy key took a kept place freed")
+}
+
+func TestFair(t *testing.T) {
+	for _, tc := range []struct {
+		held, perKey, taken, total int
+		want                       bool
+	}{
+		{held: 1999, perKey: 2000, taken: 14999, total: 20000, want: true}, // below three quarters
+		{held: 1500, perKey: 2000, taken: 15000, total: 20000, want: false},
+		{held: 124, perKey: 2000, taken: 19999, total: 20000, want: true}, // light: under a sixteenth
+		{held: 125, perKey: 2000, taken: 15000, total: 20000, want: false},
+		{held: 0, perKey: 8, taken: 19, total: 20, want: true}, // a sixteenth rounds down: at least one
+		{held: 1, perKey: 8, taken: 19, total: 20, want: false},
+		{held: 19000, perKey: 20000, taken: 19000, total: 20000, want: true}, // one key may take all
+		{held: 100, perKey: 0, taken: 19000, total: 20000, want: true},       // no per-key bound
+		{held: 100, perKey: 10, taken: 19000, total: 0, want: true},          // no total
+	} {
+		assert.Equal(t, tc.want, Fair(tc.held, tc.perKey, tc.taken, tc.total), "%+v", tc)
+	}
 }
