@@ -42,28 +42,24 @@ func TestAbortCountsWhatTheSocketTook(t *testing.T) {
 			took := settledTook(t, b, server)
 			require.Less(t, took, int64(len(up))/4, "the server's side took most of the bytes: nothing waits on the kernel path")
 
+			var r runResult
 			switch by {
 			case "server reset":
 				server.SetLinger(0)
 				server.Close()
+				select {
+				case r = <-ran:
+				case <-time.After(5 * time.Second):
+					require.Fail(t, "Run did not end")
+				}
 			case "caller abort":
 				pr.Abort()
-				for _, c := range []*net.TCPConn{a, b} {
-					c.SetLinger(0)
-					c.Close()
-				}
+				r = abortAndAwait(t, a, b, ran)
+				assert.ErrorIs(t, r.err, ErrAborted)
 			}
-			select {
-			case r := <-ran:
-				require.Error(t, r.err)
-				if by == "caller abort" {
-					assert.ErrorIs(t, r.err, ErrAborted)
-				}
-				assert.Equal(t, took, r.up, "bytes counted up, of %d the verdict redirected", len(up))
-				assert.Zero(t, r.down)
-			case <-time.After(5 * time.Second):
-				require.Fail(t, "Run did not end")
-			}
+			require.Error(t, r.err)
+			assert.Equal(t, took, r.up, "bytes counted up, of %d the verdict redirected", len(up))
+			assert.Zero(t, r.down)
 		})
 	}
 }
