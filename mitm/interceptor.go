@@ -109,11 +109,11 @@ type Interceptor struct {
 	MaxRequestsPerAgent int
 
 	initOnce   sync.Once
-	transports *httpfwd.Transports // for hooks (Client)
-	pools      httpfwd.Pools       // each agent's own, for its policy
-	upstream   budget.Counter      // upstream connections, per agent
-	mints      budget.Rates        // leaves minted, per agent
-	requests   budget.Counter      // requests in progress, per agent
+	transports *httpfwd.Transports           // for hooks (Client)
+	pools      httpfwd.Pools[*policy.Policy] // each agent's own, for its policy
+	upstream   budget.Counter                // upstream connections, per agent
+	mints      budget.Rates                  // leaves minted, per agent
+	requests   budget.Counter                // requests in progress, per agent
 	proxy      *httputil.ReverseProxy
 }
 

@@ -169,8 +169,8 @@ type Proxy struct {
 	httpOnce      sync.Once
 	httpSrv       *http.Server // serves transparent HTTP handed over by sessions
 	httpConns     *connQueue
-	pools         httpfwd.Pools // plain HTTP upstream, each agent's own
-	poolsH2C      httpfwd.Pools // and HTTP/2 with prior knowledge
+	pools         httpfwd.Pools[*policy.Policy] // plain HTTP upstream, each agent's own
+	poolsH2C      httpfwd.Pools[*policy.Policy] // and HTTP/2 with prior knowledge
 	forward       *httputil.ReverseProxy
 	explicitSrvs  []*http.Server
 	sessionsWG    sync.WaitGroup

@@ -1,10 +1,6 @@
 package httpfwd
 
-import (
-	"sync"
-
-	"github.com/agenthold/egress/policy"
-)
+import "sync"
 
 // Pools keeps each agent's own upstream connections, for the policy they
 // were dialled under. A dial checks each address against the policy of
@@ -15,22 +11,24 @@ import (
 // a request takes the pool of its agent and policy, and a new policy
 // retires the agent's pool, closing its idle connections (one in use
 // then goes back to the retired pool, which no request takes again, and
-// idles out).
-type Pools struct {
+// idles out). P is the policy's type (tproxy's and mitm's: a
+// *policy.Policy), compared by identity: a policy is never changed in
+// place.
+type Pools[P comparable] struct {
 	// New makes an agent's pool.
 	New func(agent string) *Transports
 
 	mu sync.Mutex
-	m  map[string]agentPool
+	m  map[string]agentPool[P]
 }
 
-type agentPool struct {
-	pol *policy.Policy // compared by identity: a policy is never changed in place
+type agentPool[P comparable] struct {
+	pol P // the policy the pool's connections were dialled under
 	ts  *Transports
 }
 
 // For is agent's pool under pol.
-func (ps *Pools) For(agent string, pol *policy.Policy) *Transports {
+func (ps *Pools[P]) For(agent string, pol P) *Transports {
 	ps.mu.Lock()
 	old, ok := ps.m[agent]
 	if ok && old.pol == pol {
@@ -38,10 +36,10 @@ func (ps *Pools) For(agent string, pol *policy.Policy) *Transports {
 		return old.ts
 	}
 	if ps.m == nil {
-		ps.m = map[string]agentPool{}
+		ps.m = map[string]agentPool[P]{}
 	}
 	ts := ps.New(agent)
-	ps.m[agent] = agentPool{pol: pol, ts: ts}
+	ps.m[agent] = agentPool[P]{pol: pol, ts: ts}
 	ps.mu.Unlock()
 	if ok {
 		old.ts.CloseIdleConnections()
@@ -50,7 +48,7 @@ func (ps *Pools) For(agent string, pol *policy.Policy) *Transports {
 }
 
 // Forget drops agent's pool, closing its idle connections.
-func (ps *Pools) Forget(agent string) {
+func (ps *Pools[P]) Forget(agent string) {
 	ps.mu.Lock()
 	old, ok := ps.m[agent]
 	delete(ps.m, agent)
@@ -61,7 +59,7 @@ func (ps *Pools) Forget(agent string) {
 }
 
 // CloseIdleConnections closes every pool's idle connections.
-func (ps *Pools) CloseIdleConnections() {
+func (ps *Pools[P]) CloseIdleConnections() {
 	ps.mu.Lock()
 	pools := make([]*Transports, 0, len(ps.m))
 	for _, p := range ps.m {
