@@ -133,6 +133,7 @@ func TestAgentInFlightBudget(t *testing.T) {
 	})
 	assert.Equal(t, dns.RcodeServerFailure, rec.Status)
 	assert.False(t, rec.Allowed, "a query refused for the agent's budget is a denial")
+	assert.Contains(t, BoundReasons(), rec.Reason, "the refusal is not counted as a bound's")
 	close(w.release)
 	flood.Wait()
 	assert.EqualValues(t, 8, w.slowAsk.Load(), "refused queries never went upstream")
@@ -188,6 +189,7 @@ func TestGatewayLookupsChargeTheirAgent(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return w.slowAsk.Load() == 4 }, 5*time.Second, 10*time.Millisecond, "the hostile agent fills its share")
 	require.Eventually(t, func() bool { return busy.Load() == 6 }, 5*time.Second, 10*time.Millisecond, "the rest is refused at once")
+	assert.Subset(t, BoundReasons(), []string{ReasonGatewayBusy, ReasonOverloaded}, "the refusals are not counted as a bound's")
 	for _, ctx := range []context.Context{policy.WithAgent(context.Background(), "victim"), context.Background()} {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		addrs, err := w.srv.LookupNetIP(ctx, "ip4", fmt.Sprintf("v%d.fast.test", time.Now().UnixNano()))

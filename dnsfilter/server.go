@@ -48,6 +48,13 @@ const (
 	ReasonGatewayBusy     = "too many of the gateway's own lookups in flight"
 )
 
+// BoundReasons are the reasons of refusals for the bounds on queries in
+// flight, which whoever counts refusals per agent counts however many
+// other reasons an agent provokes.
+func BoundReasons() []string {
+	return []string{ReasonOverloaded, ReasonAgentOverloaded, ReasonGatewayBusy}
+}
+
 // Server is the sandboxes' DNS server. The zero Server refuses every query
 // (it knows no agent); set Agents to serve. A Server is safe for
 // concurrent use; set its fields before serving.

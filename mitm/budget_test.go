@@ -180,6 +180,7 @@ func TestUpstreamConnectionsBounded(t *testing.T) {
 	assert.Contains(t, body, ReasonUpstreamConns)
 	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == ReasonUpstreamConns })
 	assert.False(t, rec.Allowed, "a request refused for the agent's bound is a denial")
+	assert.Contains(t, BoundReasons(), rec.Reason, "the refusal is not counted as a bound's")
 }
 
 // TestMintRate: an agent that names new hosts faster than its minting rate
@@ -254,7 +255,8 @@ func TestRequestsPerAgentBounded(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 3, refused)
-	testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == ReasonAgentRequests && !rec.Allowed })
+	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == ReasonAgentRequests && !rec.Allowed })
+	assert.Contains(t, BoundReasons(), rec.Reason, "the refusal is not counted as a bound's")
 }
 
 // TestDoHRequestsRefused: a DNS-over-HTTPS request to an intercepted host

@@ -134,6 +134,13 @@ const (
 	ReasonAgentRequests = "too many requests in progress for this agent"
 )
 
+// BoundReasons are ReasonUpstreamConns and ReasonAgentRequests, which
+// whoever counts refusals per agent counts however many other reasons an
+// agent provokes.
+func BoundReasons() []string {
+	return []string{ReasonUpstreamConns, ReasonAgentRequests}
+}
+
 var errUpstreamConns = errors.New(ReasonUpstreamConns)
 
 // newPool makes an agent's own pool of upstream connections (for

@@ -307,6 +307,7 @@ func TestLastConnectionsKeptForLightAgents(t *testing.T) {
 	require.Eventually(t, func() bool { return p.open.Load()+int64(refusals(ReasonConnsKept)) == 20 }, 5*time.Second, 10*time.Millisecond,
 		"the heavy agents' connections were neither held nor refused")
 	assert.Positive(t, refusals(ReasonConnsKept), "no heavy agent was refused past three quarters")
+	assert.Subset(t, BoundReasons(), []string{ReasonConnsKept, ReasonTooManyConns}, "the refusals are not counted as a bound's")
 	assert.Zero(t, refusals(ReasonTooManyConns), "the heavy agents filled the gateway")
 
 	held := p.open.Load()

@@ -137,7 +137,8 @@ type Proxy struct {
 	// beyond them new ones are refused and recorded, and open ones go on.
 	// The last quarter of MaxConns is kept for agents that hold fewer than
 	// a sixteenth of MaxConnsPerAgent (budget.Fair), so that ten agents
-	// at their bound cannot refuse every other agent's connections.
+	// at their bound cannot refuse every other agent's connections (never
+	// more than MaxConns less MaxConnsPerAgent is kept).
 	// Zero means DefaultMaxConns and DefaultMaxConnsPerAgent. An agent's
 	// rate of new connections and its bytes per second each way are its
 	// policy's quotas (policy.Quotas).

@@ -253,6 +253,7 @@ func TestConnectionLimits(t *testing.T) {
 		require.Error(t, err, "second connection over the limit was served")
 	}
 	w.waitRecord(func(r egresslog.Record) bool { return r.Reason == ReasonAgentTooManyConns })
+	assert.Contains(t, BoundReasons(), ReasonAgentTooManyConns, "the refusal is not counted as a bound's")
 	// The first goes on.
 	fmt.Fprintf(first, "still here\n")
 	got, _ := br.ReadString('\n')

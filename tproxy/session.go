@@ -43,6 +43,13 @@ const (
 	reasonUpstreamPrefix    = "upstream: "
 )
 
+// BoundReasons are the reasons of refusals for the gateway's bounds on
+// connections: those an agent causes by holding too many, which whoever
+// counts refusals per agent counts however many other reasons it provokes.
+func BoundReasons() []string {
+	return []string{ReasonTooManyConns, ReasonAgentTooManyConns, ReasonConnsKept}
+}
+
 // target is where an allowed connection goes: a name resolved on the
 // gateway, or (for address rules and open mode) the address itself.
 type target struct {

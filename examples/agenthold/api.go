@@ -541,10 +541,7 @@ func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 // or the gateway's bounds: always counted, however many other reasons
 // the agent provokes, and exported as their own family.
 func countedReasons() []string {
-	return append(policy.QuotaReasons(),
-		tproxy.ReasonAgentTooManyConns, tproxy.ReasonTooManyConns,
-		dnsfilter.ReasonAgentOverloaded, dnsfilter.ReasonOverloaded, dnsfilter.ReasonGatewayBusy,
-		mitm.ReasonUpstreamConns, mitm.ReasonAgentRequests)
+	return slices.Concat(policy.QuotaReasons(), tproxy.BoundReasons(), dnsfilter.BoundReasons(), mitm.BoundReasons())
 }
 
 // label quotes a Prometheus label value.

@@ -141,10 +141,14 @@ func (c *Counter) Acquire(key string, perKey, total int) bool {
 // one) may, so that keys each within their bound cannot together take
 // every place from one that holds few: ten agents at the default
 // 2,000 connections each would otherwise hold all 20,000 of a gateway's.
-// With no per-key bound, or one that lets a key take the whole total (a
-// gateway for one agent), no quarter is kept.
+// The part kept is never more than the total less perKey, so that a key
+// alone always reaches its own bound; with no per-key bound, or one that
+// lets a key take the whole total (a gateway for one agent), none is.
 func Fair(held, perKey, taken, total int) bool {
-	if perKey <= 0 || total <= 0 || perKey >= total || taken < total-total/4 {
+	if perKey <= 0 || total <= 0 || perKey >= total {
+		return true
+	}
+	if kept := min(total/4, total-perKey); taken < total-kept {
 		return true
 	}
 	return held < max(perKey/16, 1)

@@ -99,6 +99,9 @@ func TestFair(t *testing.T) {
 		{held: 0, perKey: 8, taken: 19, total: 20, want: true}, // a sixteenth rounds down: at least one
 		{held: 1, perKey: 8, taken: 19, total: 20, want: false},
 		{held: 19000, perKey: 20000, taken: 19000, total: 20000, want: true}, // one key may take all
+		{held: 1999, perKey: 2000, taken: 1999, total: 2500, want: true},     // alone, a key reaches its bound
+		{held: 1500, perKey: 2000, taken: 2000, total: 2500, want: false},    // past the total less perKey
+		{held: 124, perKey: 2000, taken: 2499, total: 2500, want: true},
 		{held: 100, perKey: 0, taken: 19000, total: 20000, want: true},       // no per-key bound
 		{held: 100, perKey: 10, taken: 19000, total: 0, want: true},          // no total
 	} {
