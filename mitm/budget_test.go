@@ -330,3 +330,52 @@ func TestAgentsPoolIsForItsPolicy(t *testing.T) {
 	r.ic.Forget("a1")
 	assert.NotEqual(t, afterChange, peer(), "the agent's pool outlived Forget")
 }
+
+// TestRetiredPoolsGiveBackTheirSlots: a connection of a pool an earlier
+// policy retired while it was in use counts against the agent's bound
+// until it closes, and once idle gives its slot back to a request under
+// the new policy, and is closed by Forget; neither waits for it to idle
+// out.
+func TestRetiredPoolsGiveBackTheirSlots(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxUpstreamConnsPerAgent = 1
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
+	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		held <- struct{}{}
+		<-release
+	})
+	get := func(path string) int {
+		resp, body := r.get(r.client(r.addr, false), "https://api.test"+path, nil)
+		if resp.StatusCode != http.StatusOK {
+			assert.Contains(t, body, ReasonUpstreamConns)
+		}
+		return resp.StatusCode
+	}
+	// A request in progress on the agent's one upstream connection while
+	// its policy changes and a request under the new one retires the pool.
+	retireInUse := func() {
+		done := make(chan int)
+		go func() { done <- get("/hold") }()
+		select {
+		case <-held:
+		case <-time.After(5 * time.Second):
+			require.Fail(t, "the request was not held")
+		}
+		pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+		require.NoError(t, err)
+		r.changed.Store(pol)
+		assert.Equal(t, http.StatusServiceUnavailable, get("/"), "the retired pool's connection in use did not hold the agent's slot")
+		release <- struct{}{}
+		assert.Equal(t, http.StatusOK, <-done)
+		n, _ := r.ic.upstream.Count("a1")
+		require.Equal(t, 1, n, "the retired pool's connection, idle, holds the agent's slot")
+	}
+
+	retireInUse()
+	assert.Equal(t, http.StatusOK, get("/"), "a request under the new policy")
+	retireInUse()
+	r.ic.Forget("a1")
+	n, _ := r.ic.upstream.Count("a1")
+	assert.Zero(t, n, "Forget left a retired pool's idle connection open")
+}

@@ -147,15 +147,15 @@ var errUpstreamConns = errors.New(ReasonUpstreamConns)
 // httpfwd.Pools, which keeps one per agent and policy).
 func (i *Interceptor) newPool(agent string) *httpfwd.Transports {
 	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
-	var ts *httpfwd.Transports
-	ts = httpfwd.NewTransports(httpfwd.Config{
+	return httpfwd.NewTransports(httpfwd.Config{
 		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, HTTP2: true, Check: policy.DialCheck,
 		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		Admit: func() (func(), error) {
 			if !i.upstream.Acquire(agent, perAgent, 0) {
-				// Idle connections hold slots too: give theirs back first.
-				ts.CloseIdleConnections()
+				// Idle connections hold slots too, in this pool and in
+				// those earlier policies retired: give theirs back first.
+				i.pools.CloseIdle(agent)
 				if !i.upstream.Acquire(agent, perAgent, 0) {
 					return nil, errUpstreamConns
 				}
@@ -163,7 +163,6 @@ func (i *Interceptor) newPool(agent string) *httpfwd.Transports {
 			return func() { i.upstream.Release(agent) }, nil
 		},
 	})
-	return ts
 }
 
 func orDefault[T int | float64](v, def T) T {

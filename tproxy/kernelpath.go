@@ -25,7 +25,8 @@ type KernelPath interface {
 	// a reset and wait with them; the proxy closes both connections
 	// straight after it, so it fixes the counts first, at what each
 	// side's socket had taken to send (what a relay counts: not bytes the
-	// kernel held for a receiver that never took them). An error from
+	// kernel held for a receiver that never took them). A nil abort
+	// leaves the proxy's resets alone to end both. An error from
 	// Move means it took nothing.
 	Move(client, upstream *net.TCPConn) (wait func() (up, down int64, err error), abort func(), err error)
 }

@@ -517,3 +517,35 @@ func TestKernelPathPerAgent(t *testing.T) {
 	awaitMoved(t, sp.moved) // the first's place, given back
 	third.Close()
 }
+
+// noAbortPath is a KernelPath that gives no abort: the proxy's resets
+// alone end its connections.
+type noAbortPath struct{ signalledPath }
+
+func (np noAbortPath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), func(), error) {
+	wait, _, err := np.signalledPath.Move(client, upstream)
+	return wait, nil, err
+}
+
+// TestKernelPathWithoutAbort: a KernelPath that gives no abort still has
+// its connections ended when their agent is forgotten.
+func TestKernelPathWithoutAbort(t *testing.T) {
+	np := noAbortPath{signalled(kernelPath(t))}
+	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath, p.KernelPathAfter = np, -1 })
+	w.setNames("svc.test")
+	c := w.dial(w.bannerAddr)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := br.ReadString('\n')
+	require.NoError(t, err, "banner")
+	awaitMoved(t, np.moved)
+	require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 1 }, 5*time.Second, 10*time.Millisecond)
+	id := w.log.OpenConns("a1")[0].ConnID
+
+	w.proxy.Forget("a1")
+	_, err = br.ReadString('\n')
+	assert.Error(t, err, "the connection is still open")
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.ConnID == id && !r.Open })
+	assert.Equal(t, ReasonForgotten, r.Reason)
+}

@@ -306,7 +306,9 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 			}
 			wait, stop, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
 			if kerr == nil {
-				r.kernelAbort.Store(&stop)
+				if stop != nil {
+					r.kernelAbort.Store(&stop)
+				}
 				up, down, err = wait()
 				r.kernelAbort.Store(nil)
 				release()

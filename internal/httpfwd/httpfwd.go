@@ -18,6 +18,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/agenthold/egress/netguard"
@@ -71,18 +72,19 @@ type Config struct {
 // Transports are the upstream transports of one proxy: index 1 may dial
 // private networks, index 0 may not. Neither ever uses an environment
 // proxy, and neither decompresses (bodies pass as the server sent them).
-type Transports [2]*http.Transport
+type Transports struct {
+	t    [2]*http.Transport
+	open atomic.Int64 // connections dialled and not yet closed
+}
 
 // NewTransports makes the pair.
 func NewTransports(cfg Config) *Transports {
-	var ts Transports
+	ts := new(Transports)
 	for i, allowPrivate := range []bool{false, true} {
 		dial := orDefault(cfg.DialTimeout, DefaultDialTimeout)
 		d := &netguard.Dialer{Guard: cfg.Guard, AllowPrivate: allowPrivate, Resolver: cfg.Resolver, Timeout: dial, Check: cfg.Check}
 		t := netguard.NewTransport(d)
-		if cfg.Admit != nil {
-			t.DialContext = admitted(d.DialContext, cfg.Admit)
-		}
+		t.DialContext = ts.counted(d.DialContext, cfg.Admit)
 		t.MaxConnsPerHost = cfg.MaxConnsPerHost
 		t.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
 		t.TLSHandshakeTimeout = dial
@@ -95,26 +97,37 @@ func NewTransports(cfg Config) *Transports {
 		}
 		t.MaxIdleConnsPerHost = int(orDefault(time.Duration(cfg.MaxIdleConnsPerHost), DefaultMaxIdleConnsPerHost))
 		t.DisableCompression = true // bodies pass as the server sent them
-		ts[i] = t
+		ts.t[i] = t
 	}
-	return &ts
+	return ts
 }
 
-// admitted asks admit before each dial, and releases when the connection
+// counted counts the connections dial makes until each closes, asking
+// admit, if set, before each dial, and releasing when the connection
 // closes.
-func admitted(dial func(ctx context.Context, network, addr string) (net.Conn, error), admit func() (func(), error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func (ts *Transports) counted(dial func(ctx context.Context, network, addr string) (net.Conn, error), admit func() (func(), error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		release, err := admit()
-		if err != nil {
-			return nil, err
+		release := func() {}
+		if admit != nil {
+			var err error
+			if release, err = admit(); err != nil {
+				return nil, err
+			}
 		}
+		ts.open.Add(1)
+		closed := func() { ts.open.Add(-1); release() }
 		c, err := dial(ctx, network, addr)
 		if err != nil {
-			release()
+			closed()
 			return nil, err
 		}
-		return &releasingConn{Conn: c, release: release}, nil
+		return &releasingConn{Conn: c, release: closed}, nil
 	}
+}
+
+// Open is how many connections the pair dialled that are not yet closed.
+func (ts *Transports) Open() int64 {
+	return ts.open.Load()
 }
 
 // releasingConn calls release once, when it closes.
@@ -133,14 +146,14 @@ func (c *releasingConn) Close() error {
 // For returns the transport for a policy's private-network permission.
 func (ts *Transports) For(allowPrivate bool) *http.Transport {
 	if allowPrivate {
-		return ts[1]
+		return ts.t[1]
 	}
-	return ts[0]
+	return ts.t[0]
 }
 
 // CloseIdleConnections drops both transports' kept-alive connections.
 func (ts *Transports) CloseIdleConnections() {
-	for _, t := range ts {
+	for _, t := range ts.t {
 		t.CloseIdleConnections()
 	}
 }

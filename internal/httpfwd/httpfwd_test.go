@@ -61,7 +61,7 @@ func TestTransportsNeverUseAnEnvironmentProxy(t *testing.T) {
 	t.Setenv("HTTP_PROXY", "http://198.18.0.1:3128")
 	t.Setenv("HTTPS_PROXY", "http://198.18.0.1:3128")
 	ts := NewTransports(Config{})
-	for _, tr := range ts {
+	for _, tr := range ts.t {
 		assert.Nil(t, tr.Proxy)
 		assert.True(t, tr.DisableCompression)
 		assert.Equal(t, DefaultResponseHeaderTimeout, tr.ResponseHeaderTimeout)

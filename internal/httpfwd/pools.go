@@ -1,6 +1,9 @@
 package httpfwd
 
-import "sync"
+import (
+	"slices"
+	"sync"
+)
 
 // Pools keeps each agent's own upstream connections, for the policy they
 // were dialled under. A dial checks each address against the policy of
@@ -9,61 +12,101 @@ import "sync"
 // ride a connection another's policy let through, past its own
 // per-address rules; kept across a policy change, past the new ones. So
 // a request takes the pool of its agent and policy, and a new policy
-// retires the agent's pool, closing its idle connections (one in use
-// then goes back to the retired pool, which no request takes again, and
-// idles out). P is the policy's type (tproxy's and mitm's: a
-// *policy.Policy), compared by identity: a policy is never changed in
-// place.
+// retires the agent's pool, closing its idle connections. A connection
+// in use then goes back to the retired pool, which no request takes
+// again: it is kept with the agent's pool until the connections it
+// dialled are closed, so that CloseIdle and Forget reach them. P is the
+// policy's type (tproxy's and mitm's: a *policy.Policy), compared by
+// identity: a policy is never changed in place.
 type Pools[P comparable] struct {
 	// New makes an agent's pool.
 	New func(agent string) *Transports
 
 	mu sync.Mutex
-	m  map[string]agentPool[P]
+	m  map[string]*agentPool[P]
 }
 
 type agentPool[P comparable] struct {
-	pol P // the policy the pool's connections were dialled under
-	ts  *Transports
+	pol     P // the policy the pool's connections were dialled under
+	ts      *Transports
+	retired []*Transports // earlier policies' pools with connections open
+}
+
+// all is the pool and the retired ones.
+func (ap *agentPool[P]) all() []*Transports {
+	return append(slices.Clip(ap.retired), ap.ts)
+}
+
+// prune drops the retired pools whose connections are all closed.
+func (ap *agentPool[P]) prune() {
+	ap.retired = slices.DeleteFunc(ap.retired, func(ts *Transports) bool { return ts.Open() == 0 })
 }
 
 // For is agent's pool under pol.
 func (ps *Pools[P]) For(agent string, pol P) *Transports {
 	ps.mu.Lock()
-	old, ok := ps.m[agent]
-	if ok && old.pol == pol {
+	ap, ok := ps.m[agent]
+	if ok && ap.pol == pol {
 		ps.mu.Unlock()
-		return old.ts
+		return ap.ts
 	}
 	if ps.m == nil {
-		ps.m = map[string]agentPool[P]{}
+		ps.m = map[string]*agentPool[P]{}
 	}
 	ts := ps.New(agent)
-	ps.m[agent] = agentPool[P]{pol: pol, ts: ts}
-	ps.mu.Unlock()
-	if ok {
-		old.ts.CloseIdleConnections()
+	if !ok {
+		ps.m[agent] = &agentPool[P]{pol: pol, ts: ts}
+		ps.mu.Unlock()
+		return ts
 	}
+	old := ap.ts
+	ap.prune()
+	ap.pol, ap.ts, ap.retired = pol, ts, append(ap.retired, old)
+	ps.mu.Unlock()
+	old.CloseIdleConnections()
 	return ts
 }
 
-// Forget drops agent's pool, closing its idle connections.
+// CloseIdle closes the idle connections of agent's pool and of its
+// retired ones: those an agent at a bound of upstream connections holds
+// and no request uses.
+func (ps *Pools[P]) CloseIdle(agent string) {
+	ps.mu.Lock()
+	ap, ok := ps.m[agent]
+	var pools []*Transports
+	if ok {
+		pools = ap.all()
+	}
+	ps.mu.Unlock()
+	for _, ts := range pools {
+		ts.CloseIdleConnections()
+	}
+	if ok {
+		ps.mu.Lock()
+		ap.prune()
+		ps.mu.Unlock()
+	}
+}
+
+// Forget drops agent's pools, closing their idle connections.
 func (ps *Pools[P]) Forget(agent string) {
 	ps.mu.Lock()
-	old, ok := ps.m[agent]
+	ap, ok := ps.m[agent]
 	delete(ps.m, agent)
 	ps.mu.Unlock()
 	if ok {
-		old.ts.CloseIdleConnections()
+		for _, ts := range ap.all() {
+			ts.CloseIdleConnections()
+		}
 	}
 }
 
 // CloseIdleConnections closes every pool's idle connections.
 func (ps *Pools[P]) CloseIdleConnections() {
 	ps.mu.Lock()
-	pools := make([]*Transports, 0, len(ps.m))
-	for _, p := range ps.m {
-		pools = append(pools, p.ts)
+	var pools []*Transports
+	for _, ap := range ps.m {
+		pools = append(pools, ap.all()...)
 	}
 	ps.mu.Unlock()
 	for _, ts := range pools {
