@@ -102,8 +102,8 @@ func TestFair(t *testing.T) {
 		{held: 1999, perKey: 2000, taken: 1999, total: 2500, want: true},     // alone, a key reaches its bound
 		{held: 1500, perKey: 2000, taken: 2000, total: 2500, want: false},    // past the total less perKey
 		{held: 124, perKey: 2000, taken: 2499, total: 2500, want: true},
-		{held: 100, perKey: 0, taken: 19000, total: 20000, want: true},       // no per-key bound
-		{held: 100, perKey: 10, taken: 19000, total: 0, want: true},          // no total
+		{held: 100, perKey: 0, taken: 19000, total: 20000, want: true}, // no per-key bound
+		{held: 100, perKey: 10, taken: 19000, total: 0, want: true},    // no total
 	} {
 		assert.Equal(t, tc.want, Fair(tc.held, tc.perKey, tc.taken, tc.total), "%+v", tc)
 	}
