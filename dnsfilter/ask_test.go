@@ -2,6 +2,7 @@ package dnsfilter
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -61,6 +62,27 @@ func TestAskModeHoldsTheQuery(t *testing.T) {
 	defer cancel()
 	require.NoError(t, h.srv.Shutdown(ctx), "Shutdown waited for a held query")
 	<-held
+}
+
+// TestForgetDuringApproval: an answer to a query that waited for a
+// person while its agent was forgotten is not remembered for the agent.
+func TestForgetDuringApproval(t *testing.T) {
+	b := &approval.Broker{Timeout: 10 * time.Second}
+	h := newHarness(t, nil, func(s *Server) { s.Approver = b })
+	h.setPolicy(policy.Config{Ask: true})
+	got := make(chan *dns.Msg, 1)
+	go func() { got <- h.query("udp", "127.0.0.1", "a.test", dns.TypeA, false) }()
+	var id string
+	require.Eventually(t, func() bool {
+		if p := b.Pending(); len(p) == 1 {
+			id = p[0].ID
+		}
+		return id != ""
+	}, 5*time.Second, time.Millisecond, "the query was not held")
+	h.srv.Forget("a1")
+	require.NoError(t, b.Answer(id, approval.Once, "test", false))
+	require.Equal(t, []string{"140.82.112.3"}, answerStrings(<-got))
+	assert.Empty(t, h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")), "an answer approved after Forget was remembered")
 }
 
 // TestApprovedNameResolvesThroughItsChain: an approved name behind a

@@ -439,6 +439,10 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current 
 	resp.RecursionAvailable = true
 	rec := queryRecord(req)
 	rec.Agent = agent
+	// The memory what the answer teaches goes to, taken before anything
+	// the query waits for (a person, the upstream): if Forget comes
+	// meanwhile, the answer is not remembered.
+	mem := s.mem.held(agent)
 	opt := req.IsEdns0()
 	if opt != nil {
 		resp.SetEdns0(upstreamUDPSize, opt.Do())
@@ -480,7 +484,6 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current 
 	}
 
 	do := opt != nil && opt.Do()
-	mem := s.mem.held(agent)
 	ctx, cancel := context.WithTimeout(context.Background(), cmpDur(s.Timeout, DefaultTimeout))
 	defer cancel()
 	up, age, err := s.resolve(ctx, asker{agent: agent}, rec.Host, q, do)
