@@ -379,3 +379,49 @@ func TestRetiredPoolsGiveBackTheirSlots(t *testing.T) {
 	n, _ := r.ic.upstream.Count("a1")
 	assert.Zero(t, n, "Forget left a retired pool's idle connection open")
 }
+
+// TestForgottenPoolsGiveBackTheirSlots: a connection in use when its
+// agent was forgotten, idle after, gives the slot back to the agent made
+// again under the same name, and is closed by the next Forget, whatever
+// request of the agent came after Forget.
+func TestForgottenPoolsGiveBackTheirSlots(t *testing.T) {
+	r := newRig(t)
+	r.ic.MaxUpstreamConnsPerAgent = 1
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		held <- struct{}{}
+		<-release
+	})
+	get := func(path string) int {
+		resp, _ := r.get(r.client(r.addr, false), "https://api.test"+path, nil)
+		return resp.StatusCode
+	}
+	// A request in progress when its agent is forgotten, which another
+	// request of the agent's, already under way, follows.
+	forgetInUse := func() {
+		done := make(chan int)
+		go func() { done <- get("/hold") }()
+		select {
+		case <-held:
+		case <-time.After(5 * time.Second):
+			require.Fail(t, "the request was not held")
+		}
+		r.ic.Forget("a1")
+		release <- struct{}{}
+		require.Equal(t, http.StatusOK, <-done)
+		n, _ := r.ic.upstream.Count("a1")
+		require.Equal(t, 1, n, "the forgotten pool's connection, idle, holds the agent's slot")
+	}
+
+	forgetInUse()
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	require.NoError(t, err)
+	r.changed.Store(pol) // the agent made again
+	assert.Equal(t, http.StatusOK, get("/"), "a request of the agent made again")
+
+	forgetInUse()
+	assert.Equal(t, http.StatusOK, get("/"), "a request of the forgotten agent's, under way at Forget")
+	r.ic.Forget("a2")
+	n, _ := r.ic.upstream.Count("a1")
+	assert.Zero(t, n, "the next Forget left a forgotten agent's idle connection open")
+}

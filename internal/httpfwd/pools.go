@@ -1,6 +1,7 @@
 package httpfwd
 
 import (
+	"maps"
 	"slices"
 	"sync"
 )
@@ -15,15 +16,19 @@ import (
 // retires the agent's pool, closing its idle connections. A connection
 // in use then goes back to the retired pool, which no request takes
 // again: it is kept with the agent's pool until the connections it
-// dialled are closed, so that CloseIdle and Forget reach them. P is the
-// policy's type (tproxy's and mitm's: a *policy.Policy), compared by
-// identity: a policy is never changed in place.
+// dialled are closed, so that CloseIdle and Forget reach them. A
+// forgotten agent's pools are kept so too, for its requests still under
+// way, until the agent comes back under another policy or they hold no
+// connection. P is the policy's type (tproxy's and mitm's: a
+// *policy.Policy), compared by identity: a policy is never changed in
+// place.
 type Pools[P comparable] struct {
 	// New makes an agent's pool.
 	New func(agent string) *Transports
 
-	mu sync.Mutex
-	m  map[string]*agentPool[P]
+	mu        sync.Mutex
+	m         map[string]*agentPool[P]
+	forgotten map[string]struct{} // agents of m that Forget dropped
 }
 
 type agentPool[P comparable] struct {
@@ -51,7 +56,7 @@ func (ps *Pools[P]) For(agent string, pol P) *Transports {
 		return ap.ts
 	}
 	if ps.m == nil {
-		ps.m = map[string]*agentPool[P]{}
+		ps.m, ps.forgotten = map[string]*agentPool[P]{}, map[string]struct{}{}
 	}
 	ts := ps.New(agent)
 	if !ok {
@@ -59,6 +64,7 @@ func (ps *Pools[P]) For(agent string, pol P) *Transports {
 		ps.mu.Unlock()
 		return ts
 	}
+	delete(ps.forgotten, agent) // the agent is back, under a policy of its own
 	old := ap.ts
 	ap.prune()
 	ap.pol, ap.ts, ap.retired = pol, ts, append(ap.retired, old)
@@ -71,32 +77,46 @@ func (ps *Pools[P]) For(agent string, pol P) *Transports {
 // retired ones: those an agent at a bound of upstream connections holds
 // and no request uses.
 func (ps *Pools[P]) CloseIdle(agent string) {
+	ps.closeIdle([]string{agent})
+}
+
+// Forget drops agent's pools: their idle connections are closed, and
+// those in use when their requests end (or at the next Forget).
+func (ps *Pools[P]) Forget(agent string) {
 	ps.mu.Lock()
-	ap, ok := ps.m[agent]
+	if _, ok := ps.m[agent]; ok {
+		ps.forgotten[agent] = struct{}{}
+	}
+	agents := slices.Collect(maps.Keys(ps.forgotten))
+	ps.mu.Unlock()
+	ps.closeIdle(agents)
+}
+
+// closeIdle closes the idle connections of agents' pools, prunes their
+// retired pools, and drops those of forgotten agents that hold none.
+func (ps *Pools[P]) closeIdle(agents []string) {
+	ps.mu.Lock()
 	var pools []*Transports
-	if ok {
-		pools = ap.all()
+	for _, agent := range agents {
+		if ap, ok := ps.m[agent]; ok {
+			pools = append(pools, ap.all()...)
+		}
 	}
 	ps.mu.Unlock()
 	for _, ts := range pools {
 		ts.CloseIdleConnections()
 	}
-	if ok {
-		ps.mu.Lock()
-		ap.prune()
-		ps.mu.Unlock()
-	}
-}
-
-// Forget drops agent's pools, closing their idle connections.
-func (ps *Pools[P]) Forget(agent string) {
 	ps.mu.Lock()
-	ap, ok := ps.m[agent]
-	delete(ps.m, agent)
-	ps.mu.Unlock()
-	if ok {
-		for _, ts := range ap.all() {
-			ts.CloseIdleConnections()
+	defer ps.mu.Unlock()
+	for _, agent := range agents {
+		ap, ok := ps.m[agent]
+		if !ok {
+			continue
+		}
+		ap.prune()
+		if _, gone := ps.forgotten[agent]; gone && ap.ts.Open() == 0 && len(ap.retired) == 0 {
+			delete(ps.m, agent)
+			delete(ps.forgotten, agent)
 		}
 	}
 }
@@ -104,12 +124,7 @@ func (ps *Pools[P]) Forget(agent string) {
 // CloseIdleConnections closes every pool's idle connections.
 func (ps *Pools[P]) CloseIdleConnections() {
 	ps.mu.Lock()
-	var pools []*Transports
-	for _, ap := range ps.m {
-		pools = append(pools, ap.all()...)
-	}
+	agents := slices.Collect(maps.Keys(ps.m))
 	ps.mu.Unlock()
-	for _, ts := range pools {
-		ts.CloseIdleConnections()
-	}
+	ps.closeIdle(agents)
 }
