@@ -640,7 +640,7 @@ func (rt roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, errInjectFailed
 	}
 	r = r.WithContext(policy.WithPolicy(policy.WithAgent(r.Context(), st.info.agent), st.pol))
-	res, err := rt.i.pools.For(st.info.agent, st.pol).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	res, err := rt.i.pools.RoundTrip(st.info.agent, st.pol, st.pol.AllowPrivateNetworks(), r)
 	if err == nil {
 		takeUpgrade(st, res)
 	}

@@ -20,6 +20,13 @@ const (
 	ReasonApprovalGone    = "the approval request was dropped (agent removed or gateway stopping)"
 )
 
+// BoundReasons are the reasons of refusals for an Approver's bound on an
+// agent's requests waiting for approval, which whoever counts refusals
+// per agent counts however many other reasons an agent provokes.
+func BoundReasons() []string {
+	return []string{ReasonApprovalBusy}
+}
+
 // An Approver answers for the destinations a policy in ask mode would
 // refuse for want of an entry. Approve holds the caller until the
 // destination is approved, refused, or ctx is done, and returns the

@@ -305,7 +305,7 @@ func (t plainTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.ProtoMajor == 2 {
 		pools = &t.p.poolsH2C
 	}
-	res, err := pools.For(st.agent, st.pol).For(st.pol.AllowPrivateNetworks()).RoundTrip(r)
+	res, err := pools.RoundTrip(st.agent, st.pol, st.pol.AllowPrivateNetworks(), r)
 	if err == nil && res.StatusCode == http.StatusSwitchingProtocols {
 		if err = t.p.beginUpgrade(st, res); err != nil {
 			return nil, err

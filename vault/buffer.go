@@ -23,6 +23,14 @@ const (
 // whole while its agent (or the gateway) already reads as many as it may.
 const ReasonBuffersBusy = "too many request bodies being read at the gateway for this agent"
 
+// BoundReasons are the reasons, as a refusal records them (RefusedError's
+// Error), of refusals for the bound on bodies being read, which whoever
+// counts refusals per agent counts however many other reasons an agent
+// provokes.
+func BoundReasons() []string {
+	return []string{(&RefusedError{Reason: ReasonBuffersBusy}).Error()}
+}
+
 // readBody reads r's body whole (at most limit bytes, or the request is
 // refused) within agent's share of the buffers, and puts it back to be
 // sent; the share is given back when the body is closed, as the transport

@@ -541,7 +541,8 @@ func (s *server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 // or the gateway's bounds: always counted, however many other reasons
 // the agent provokes, and exported as their own family.
 func countedReasons() []string {
-	return slices.Concat(policy.QuotaReasons(), tproxy.BoundReasons(), dnsfilter.BoundReasons(), mitm.BoundReasons())
+	return slices.Concat(policy.QuotaReasons(), policy.BoundReasons(), tproxy.BoundReasons(), dnsfilter.BoundReasons(),
+		mitm.BoundReasons(), vault.BoundReasons())
 }
 
 // label quotes a Prometheus label value.

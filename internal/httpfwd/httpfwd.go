@@ -73,8 +73,9 @@ type Config struct {
 // private networks, index 0 may not. Neither ever uses an environment
 // proxy, and neither decompresses (bodies pass as the server sent them).
 type Transports struct {
-	t    [2]*http.Transport
-	open atomic.Int64 // connections dialled and not yet closed
+	t     [2]*http.Transport
+	open  atomic.Int64 // connections dialled and not yet closed
+	users atomic.Int64 // requests Pools gave the pair that have not yet returned
 }
 
 // NewTransports makes the pair.
@@ -128,6 +129,12 @@ func (ts *Transports) counted(dial func(ctx context.Context, network, addr strin
 // Open is how many connections the pair dialled that are not yet closed.
 func (ts *Transports) Open() int64 {
 	return ts.open.Load()
+}
+
+// unused says that the pair holds no connection and no request of Pools'
+// is on its way to dial one.
+func (ts *Transports) unused() bool {
+	return ts.users.Load() == 0 && ts.open.Load() == 0
 }
 
 // releasingConn calls release once, when it closes.

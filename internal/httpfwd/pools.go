@@ -2,6 +2,7 @@ package httpfwd
 
 import (
 	"maps"
+	"net/http"
 	"slices"
 	"sync"
 )
@@ -16,7 +17,8 @@ import (
 // retires the agent's pool, closing its idle connections. A connection
 // in use then goes back to the retired pool, which no request takes
 // again: it is kept with the agent's pool until the connections it
-// dialled are closed, so that CloseIdle and Forget reach them. A
+// dialled are closed and no request that took it is still on its way to
+// dial, so that CloseIdle and Forget reach them. A
 // forgotten agent's pools are kept so too, for its requests still under
 // way, until the agent comes back under another policy or they hold no
 // connection. P is the policy's type (tproxy's and mitm's: a
@@ -42,16 +44,27 @@ func (ap *agentPool[P]) all() []*Transports {
 	return append(slices.Clip(ap.retired), ap.ts)
 }
 
-// prune drops the retired pools whose connections are all closed.
+// prune drops the retired pools that no request uses and whose
+// connections are all closed.
 func (ap *agentPool[P]) prune() {
-	ap.retired = slices.DeleteFunc(ap.retired, func(ts *Transports) bool { return ts.Open() == 0 })
+	ap.retired = slices.DeleteFunc(ap.retired, (*Transports).unused)
 }
 
-// For is agent's pool under pol.
-func (ps *Pools[P]) For(agent string, pol P) *Transports {
+// RoundTrip sends r on agent's pool under pol, on its transport for
+// allowPrivate.
+func (ps *Pools[P]) RoundTrip(agent string, pol P, allowPrivate bool, r *http.Request) (*http.Response, error) {
+	ts := ps.take(agent, pol)
+	defer ts.users.Add(-1) // whatever it dialled is open, and counted, by now
+	return ts.For(allowPrivate).RoundTrip(r)
+}
+
+// take is agent's pool under pol, counted as used until the caller is
+// done with it, so that no prune drops it before its request has dialled.
+func (ps *Pools[P]) take(agent string, pol P) *Transports {
 	ps.mu.Lock()
 	ap, ok := ps.m[agent]
 	if ok && ap.pol == pol {
+		ap.ts.users.Add(1)
 		ps.mu.Unlock()
 		return ap.ts
 	}
@@ -59,6 +72,7 @@ func (ps *Pools[P]) For(agent string, pol P) *Transports {
 		ps.m, ps.forgotten = map[string]*agentPool[P]{}, map[string]struct{}{}
 	}
 	ts := ps.New(agent)
+	ts.users.Add(1)
 	if !ok {
 		ps.m[agent] = &agentPool[P]{pol: pol, ts: ts}
 		ps.mu.Unlock()
@@ -114,7 +128,7 @@ func (ps *Pools[P]) closeIdle(agents []string) {
 			continue
 		}
 		ap.prune()
-		if _, gone := ps.forgotten[agent]; gone && ap.ts.Open() == 0 && len(ap.retired) == 0 {
+		if _, gone := ps.forgotten[agent]; gone && ap.ts.unused() && len(ap.retired) == 0 {
 			delete(ps.m, agent)
 			delete(ps.forgotten, agent)
 		}

@@ -14,6 +14,38 @@ import (
 	"github.com/agenthold/egress/netguard"
 )
 
+// poolsForLoopback are Pools whose dials may reach loopback, where the
+// tests' servers are.
+func poolsForLoopback(t *testing.T) *Pools[*int] {
+	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	require.NoError(t, err)
+	ps := &Pools[*int]{New: func(string) *Transports { return NewTransports(Config{Guard: guard}) }}
+	t.Cleanup(ps.CloseIdleConnections)
+	return ps
+}
+
+// poolOf is the pool a request of agent's under pol would take now.
+func poolOf(ps *Pools[*int], agent string, pol *int) *Transports {
+	ts := ps.take(agent, pol)
+	ts.users.Add(-1)
+	return ts
+}
+
+// get sends a GET for url on agent's pool under pol and reads the body.
+func get(ps *Pools[*int], agent string, pol *int, url string) error {
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		return err
+	}
+	res, err := ps.RoundTrip(agent, pol, false, req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	_, err = io.Copy(io.Discard, res.Body)
+	return err
+}
+
 // TestPoolsOfAForgottenAgent: a forgotten agent's requests still under
 // way ride its pools, which are dropped, by the next Forget, once they
 // hold no connection, rather than kept for an agent that is gone; the
@@ -25,28 +57,19 @@ func TestPoolsOfAForgottenAgent(t *testing.T) {
 		<-release
 	}))
 	t.Cleanup(srv.Close)
-	guard, err := netguard.New(netguard.Config{Public: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
-	require.NoError(t, err)
-	ps := &Pools[*int]{New: func(string) *Transports { return NewTransports(Config{Guard: guard}) }}
+	ps := poolsForLoopback(t)
 	pol := new(int)
 
-	first := ps.For("a", pol)
+	first := poolOf(ps, "a", pol)
 	done := make(chan error, 1)
-	go func() {
-		res, err := (&http.Client{Transport: first.For(false)}).Get(srv.URL)
-		if err == nil {
-			_, err = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-		}
-		done <- err
-	}()
+	go func() { done <- get(ps, "a", pol, srv.URL) }()
 	select {
 	case <-held:
 	case <-time.After(5 * time.Second):
 		require.Fail(t, "the request was not held")
 	}
 	ps.Forget("a")
-	assert.Same(t, first, ps.For("a", pol), "a request of the forgotten agent's, under way, was given a new pool")
+	assert.Same(t, first, poolOf(ps, "a", pol), "a request of the forgotten agent's, under way, was given a new pool")
 	release <- struct{}{}
 	require.NoError(t, <-done)
 	require.Eventually(t, func() bool { return first.Open() == 0 }, 5*time.Second, 10*time.Millisecond,
@@ -56,5 +79,36 @@ func TestPoolsOfAForgottenAgent(t *testing.T) {
 	ps.mu.Lock()
 	assert.Empty(t, ps.m, "the forgotten agent's pools outlived their connections")
 	ps.mu.Unlock()
-	assert.NotSame(t, first, ps.For("a", new(int)), "the agent made again rode the forgotten one's pool")
+	assert.NotSame(t, first, poolOf(ps, "a", new(int)), "the agent made again rode the forgotten one's pool")
+}
+
+// TestRetiredPoolKeptWhileARequestHoldsIt: a pool a request took before
+// its agent's policy changed is not dropped, though it holds no
+// connection yet, so that the connection the request then dials is one
+// CloseIdle and Forget close once it is idle.
+func TestRetiredPoolKeptWhileARequestHoldsIt(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(srv.Close)
+	for _, end := range []string{"CloseIdle", "Forget"} {
+		ps := poolsForLoopback(t)
+		before, after := new(int), new(int)
+		old := ps.take("a", before) // a request, on its way to dial
+		require.NoError(t, get(ps, "a", after, srv.URL), "a request under the new policy")
+		ps.CloseIdle("a") // another's Admit at the bound
+		req, err := http.NewRequest("GET", srv.URL, nil)
+		require.NoError(t, err)
+		res, err := old.For(false).RoundTrip(req)
+		require.NoError(t, err)
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		old.users.Add(-1)
+		require.Eventually(t, func() bool { return old.Open() == 1 }, 5*time.Second, 10*time.Millisecond, "the request's connection, idle")
+
+		if end == "CloseIdle" {
+			ps.CloseIdle("a")
+		} else {
+			ps.Forget("a")
+		}
+		assert.Zero(t, old.Open(), "%s did not reach the retired pool's idle connection", end)
+	}
 }

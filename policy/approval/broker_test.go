@@ -207,6 +207,7 @@ func TestAgentCannotFlood(t *testing.T) {
 	}
 	d := wait(t, ask(b, p, "a1", "n3.example", 443, "tls"))
 	assert.Equal(t, policy.ReasonApprovalBusy, d.Reason, "a fourth pending request")
+	assert.Contains(t, policy.BoundReasons(), d.Reason, "the refusal is not counted as a bound's")
 	ask(b, p, "a1", "n0.example", 443, "tls")
 	ask(b, p, "a1", "n0.example", 443, "tls")
 	pendingFor(t, b, "n0.example", 3)

@@ -278,6 +278,7 @@ func TestBufferedBodiesBounded(t *testing.T) {
 		var refused *vault.RefusedError
 		require.ErrorAs(t, err, &refused, "the share was exceeded")
 		assert.Equal(t, vault.ReasonBuffersBusy, refused.Reason)
+		assert.Contains(t, vault.BoundReasons(), err.Error(), "the refusal, as recorded, is not counted as a bound's")
 	}
 	held[0].Body.Close() // sent: its share comes back
 	r := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity"), http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "sts")
