@@ -1,6 +1,7 @@
 package dnsfilter
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -23,9 +24,16 @@ type memory struct {
 	minTTL, maxTTL time.Duration
 	perAgent       int
 
-	mu     sync.Mutex
-	agents map[string]*agentMemory
+	mu        sync.Mutex
+	agents    map[string]*agentMemory
+	forgets   uint64            // calls of forgetAgent so far
+	forgotten map[string]uint64 // forgets at each agent's last, for the last maxForgotten
 }
+
+// maxForgotten is how many Forgets memory keeps a trace of, for queries
+// identified before one and answered after: far more than are ever in
+// flight between the two.
+const maxForgotten = 4096
 
 type agentMemory struct {
 	byAddr map[netip.Addr][]remembered
@@ -44,27 +52,39 @@ type pair struct {
 }
 
 func newMemory(minTTL, maxTTL time.Duration, perAgent int) *memory {
-	return &memory{minTTL: minTTL, maxTTL: maxTTL, perAgent: perAgent, agents: map[string]*agentMemory{}}
+	return &memory{minTTL: minTTL, maxTTL: maxTTL, perAgent: perAgent, agents: map[string]*agentMemory{}, forgotten: map[string]uint64{}}
+}
+
+// seen is the count of Forgets so far, taken before a query's agent is
+// identified, for held.
+func (m *memory) seen() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.forgets
 }
 
 // held returns agent's memory as it is now (a new one if it has none),
-// for a query being answered: what the answer teaches is remembered
-// there (rememberIn) only if Forget has not dropped it meanwhile, so no
-// answer that arrives after Forget outlives it.
-func (m *memory) held(agent string) *agentMemory {
+// for a query being answered whose agent was identified after seen
+// Forgets: what the answer teaches is remembered there (rememberIn) only
+// if Forget has not dropped it meanwhile, so no answer that arrives after
+// Forget outlives it. If the agent was forgotten since seen, the memory
+// is one no one holds, and the answer is not remembered.
+func (m *memory) held(agent string, seen uint64) *agentMemory {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	a := m.agents[agent]
 	if a == nil {
 		a = &agentMemory{byAddr: map[netip.Addr][]remembered{}}
-		m.agents[agent] = a
+		if f, ok := m.forgotten[agent]; !ok || f <= seen {
+			m.agents[agent] = a
+		}
 	}
 	return a
 }
 
 // remember records that name resolved to addr for agent, for ttl bounded.
 func (m *memory) remember(agent string, addr netip.Addr, name string, ttl time.Duration, now time.Time) {
-	m.rememberIn(m.held(agent), agent, addr, name, ttl, now)
+	m.rememberIn(m.held(agent, m.seen()), agent, addr, name, ttl, now)
 }
 
 // rememberIn is remember into held, agent's memory when its query came,
@@ -144,6 +164,11 @@ func (m *memory) names(agent string, addr netip.Addr, now time.Time) []string {
 
 func (m *memory) forgetAgent(agent string) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	delete(m.agents, agent)
-	m.mu.Unlock()
+	m.forgets++
+	m.forgotten[agent] = m.forgets
+	if len(m.forgotten) > maxForgotten {
+		maps.DeleteFunc(m.forgotten, func(_ string, f uint64) bool { return f+maxForgotten/2 <= m.forgets })
+	}
 }

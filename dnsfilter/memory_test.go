@@ -53,3 +53,17 @@ func TestMemoryBounded(t *testing.T) {
 	}
 	assert.Len(t, m.names("a2", a, t0), maxNamesPerAddr, "names for one address")
 }
+
+// TestForgottenAgentsBounded: the trace memory keeps of forgotten agents,
+// for queries identified before a Forget, is bounded however many agents
+// come and go, and keeps the latest.
+func TestForgottenAgentsBounded(t *testing.T) {
+	m := newMemory(time.Minute, time.Hour, 16)
+	for i := range 3 * maxForgotten {
+		m.forgetAgent(fmt.Sprintf("agent-%d", i))
+	}
+	assert.LessOrEqual(t, len(m.forgotten), maxForgotten)
+	last := fmt.Sprintf("agent-%d", 3*maxForgotten-1)
+	m.held(last, m.forgets-1)
+	assert.NotContains(t, m.agents, last, "a query identified before the latest Forget made its agent's memory again")
+}

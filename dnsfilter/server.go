@@ -366,17 +366,19 @@ func (s *Server) identify(src netip.Addr) (string, *policy.Policy, bool) {
 func (s *Server) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	s.init()
 	src, _ := remoteAddr(w)
+	seen := s.mem.seen()
 	agent, pol, ok := s.identify(src)
 	if !ok {
 		s.unknownSources.Add(1)
 		w.Close()
 		return
 	}
-	s.serveQuery(w, req, src, agent, pol, isUDP(w))
+	s.serveQuery(w, req, src, agent, pol, seen, isUDP(w))
 }
 
-// serveQuery answers one query of agent's from src, and records it.
-func (s *Server) serveQuery(w dns.ResponseWriter, req *dns.Msg, src netip.Addr, agent string, pol *policy.Policy, udp bool) {
+// serveQuery answers one query of agent's from src, and records it; seen
+// is the memory's count of Forgets before the agent was identified.
+func (s *Server) serveQuery(w dns.ResponseWriter, req *dns.Msg, src netip.Addr, agent string, pol *policy.Policy, seen uint64, udp bool) {
 	start := time.Now()
 	current := func() *policy.Policy { // the agent's policy when an approval comes
 		if a, p, ok := s.identify(src); ok && a == agent {
@@ -384,7 +386,7 @@ func (s *Server) serveQuery(w dns.ResponseWriter, req *dns.Msg, src netip.Addr, 
 		}
 		return nil
 	}
-	resp, rec := s.answer(req, agent, pol, current)
+	resp, rec := s.answer(req, agent, pol, seen, current)
 	rec.Time = start
 	rec.Status = resp.Rcode
 	rec.Answers = len(resp.Answer)
@@ -433,7 +435,7 @@ func canonicalQuestion(name string) string {
 
 // answer decides and builds the response to one query of agent's, and
 // the record of it.
-func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current policy.Current) (*dns.Msg, egresslog.Record) {
+func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, seen uint64, current policy.Current) (*dns.Msg, egresslog.Record) {
 	resp := new(dns.Msg)
 	resp.SetReply(req)
 	resp.RecursionAvailable = true
@@ -441,8 +443,9 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, current 
 	rec.Agent = agent
 	// The memory what the answer teaches goes to, taken before anything
 	// the query waits for (a person, the upstream): if Forget comes
-	// meanwhile, the answer is not remembered.
-	mem := s.mem.held(agent)
+	// meanwhile, or came since the agent was identified, the answer is
+	// not remembered.
+	mem := s.mem.held(agent, seen)
 	opt := req.IsEdns0()
 	if opt != nil {
 		resp.SetEdns0(upstreamUDPSize, opt.Do())

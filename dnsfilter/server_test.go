@@ -385,6 +385,32 @@ func TestForgetDuringAQuery(t *testing.T) {
 	assert.Equal(t, []string{"a.test"}, h.srv.Names("a1", netip.MustParseAddr("2606:50c0:8000::153")), "an answer after Forget, to a new query, was not remembered")
 }
 
+// TestForgetAsTheQueryIsIdentified: an answer to a query whose agent was
+// identified just before Forget is not remembered, over UDP and TCP; the
+// next query's answer is.
+func TestForgetAsTheQueryIsIdentified(t *testing.T) {
+	var forgetNext atomic.Bool
+	h := newHarness(t, []string{"a.test"}, func(s *Server) {
+		agents := s.Agents
+		s.Agents = func(src netip.Addr) (string, *policy.Policy, bool) {
+			a, p, ok := agents(src)
+			if ok && forgetNext.CompareAndSwap(true, false) {
+				s.Forget(a) // the agent removed as its query is identified
+			}
+			return a, p, ok
+		}
+	})
+	addr := netip.MustParseAddr("140.82.112.3")
+	for _, network := range []string{"udp", "tcp"} {
+		forgetNext.Store(true)
+		require.Equal(t, []string{"140.82.112.3"}, answerStrings(h.query(network, "127.0.0.1", "a.test", dns.TypeA, false)))
+		assert.Empty(t, h.srv.Names("a1", addr), "%s: an answer to a query identified before Forget was remembered", network)
+		h.query(network, "127.0.0.1", "a.test", dns.TypeA, false)
+		assert.Equal(t, []string{"a.test"}, h.srv.Names("a1", addr), "%s: the next query's answer was not remembered", network)
+		h.srv.Forget("a1")
+	}
+}
+
 func TestBadQueries(t *testing.T) {
 	h := newHarness(t, []string{"a.test"}, nil)
 	send := func(raw []byte) *dns.Msg {

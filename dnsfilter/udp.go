@@ -133,6 +133,7 @@ func (u *udpServer) read(p *packet) (n, oobn int, src netip.AddrPort, err error)
 func (u *udpServer) dispatch(p *packet, n, oobn int, src netip.AddrPort) {
 	s := u.s
 	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	seen := s.mem.seen()
 	agent, pol, ok := s.identify(src.Addr())
 	if !ok {
 		s.unknownSources.Add(1)
@@ -151,12 +152,13 @@ func (u *udpServer) dispatch(p *packet, n, oobn int, src netip.AddrPort) {
 		defer u.handlers.Done()
 		defer s.handling.Release(agent)
 		defer packets.Put(p)
-		u.handle(p, agent, pol)
+		u.handle(p, agent, pol, seen)
 	}()
 }
 
-// handle answers one query, or drops it when it is not one.
-func (u *udpServer) handle(p *packet, agent string, pol *policy.Policy) {
+// handle answers one query, or drops it when it is not one; seen is the
+// memory's count of Forgets before the agent was identified.
+func (u *udpServer) handle(p *packet, agent string, pol *policy.Policy, seen uint64) {
 	req := u.unpack(p)
 	if req == nil {
 		return
@@ -168,7 +170,7 @@ func (u *udpServer) handle(p *packet, agent string, pol *policy.Policy) {
 		w.WriteMsg(resp)
 		return
 	}
-	u.s.serveQuery(w, req, p.src.Addr(), agent, pol, true)
+	u.s.serveQuery(w, req, p.src.Addr(), agent, pol, seen, true)
 }
 
 // unpack parses a query, or returns nil when there is none to answer: a
