@@ -331,50 +331,74 @@ func TestAgentsPoolIsForItsPolicy(t *testing.T) {
 	assert.NotEqual(t, afterChange, peer(), "the agent's pool outlived Forget")
 }
 
+// oneSlotRig is a rig whose agent may hold one upstream connection, with
+// a path, /hold, whose requests wait until released; get returns the
+// status of a request for a path on a connection of its own, and
+// holdAcross makes a request to /hold, calls meanwhile while it is held,
+// and returns once it has ended and its connection is idle.
+type oneSlotRig struct {
+	*rig
+	held, release chan struct{}
+}
+
+func newOneSlotRig(t *testing.T) *oneSlotRig {
+	r := &oneSlotRig{newRig(t), make(chan struct{}, 1), make(chan struct{})}
+	r.ic.MaxUpstreamConnsPerAgent = 1
+	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
+		r.held <- struct{}{}
+		<-r.release
+	})
+	return r
+}
+
+func (r *oneSlotRig) get(path string) int {
+	resp, body := r.rig.get(r.client(r.addr, false), "https://api.test"+path, nil)
+	if resp.StatusCode != http.StatusOK {
+		assert.Contains(r.t, body, ReasonUpstreamConns)
+	}
+	return resp.StatusCode
+}
+
+func (r *oneSlotRig) holdAcross(meanwhile func()) {
+	done := make(chan int)
+	go func() { done <- r.get("/hold") }()
+	select {
+	case <-r.held:
+	case <-time.After(5 * time.Second):
+		require.Fail(r.t, "the request was not held")
+	}
+	meanwhile()
+	r.release <- struct{}{}
+	require.Equal(r.t, http.StatusOK, <-done)
+	n, _ := r.ic.upstream.Count("a1")
+	require.Equal(r.t, 1, n, "the held request's connection, idle, holds the agent's slot")
+}
+
+// newPolicy gives the rig's agent a policy of its own, as a policy set
+// (or the agent made again) would.
+func (r *oneSlotRig) newPolicy() {
+	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
+	require.NoError(r.t, err)
+	r.changed.Store(pol)
+}
+
 // TestRetiredPoolsGiveBackTheirSlots: a connection of a pool an earlier
 // policy retired while it was in use counts against the agent's bound
 // until it closes, and once idle gives its slot back to a request under
 // the new policy, and is closed by Forget; neither waits for it to idle
 // out.
 func TestRetiredPoolsGiveBackTheirSlots(t *testing.T) {
-	r := newRig(t)
-	r.ic.MaxUpstreamConnsPerAgent = 1
-	release := make(chan struct{})
-	held := make(chan struct{}, 1)
-	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
-		held <- struct{}{}
-		<-release
-	})
-	get := func(path string) int {
-		resp, body := r.get(r.client(r.addr, false), "https://api.test"+path, nil)
-		if resp.StatusCode != http.StatusOK {
-			assert.Contains(t, body, ReasonUpstreamConns)
-		}
-		return resp.StatusCode
-	}
-	// A request in progress on the agent's one upstream connection while
-	// its policy changes and a request under the new one retires the pool.
+	r := newOneSlotRig(t)
+	// The policy changes, and a request under the new one retires the
+	// pool, while the held request is in progress on its connection.
 	retireInUse := func() {
-		done := make(chan int)
-		go func() { done <- get("/hold") }()
-		select {
-		case <-held:
-		case <-time.After(5 * time.Second):
-			require.Fail(t, "the request was not held")
-		}
-		pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
-		require.NoError(t, err)
-		r.changed.Store(pol)
-		assert.Equal(t, http.StatusServiceUnavailable, get("/"), "the retired pool's connection in use did not hold the agent's slot")
-		release <- struct{}{}
-		assert.Equal(t, http.StatusOK, <-done)
-		n, _ := r.ic.upstream.Count("a1")
-		require.Equal(t, 1, n, "the retired pool's connection, idle, holds the agent's slot")
+		r.newPolicy()
+		assert.Equal(t, http.StatusServiceUnavailable, r.get("/"), "the retired pool's connection in use did not hold the agent's slot")
 	}
 
-	retireInUse()
-	assert.Equal(t, http.StatusOK, get("/"), "a request under the new policy")
-	retireInUse()
+	r.holdAcross(retireInUse)
+	assert.Equal(t, http.StatusOK, r.get("/"), "a request under the new policy")
+	r.holdAcross(retireInUse)
 	r.ic.Forget("a1")
 	n, _ := r.ic.upstream.Count("a1")
 	assert.Zero(t, n, "Forget left a retired pool's idle connection open")
@@ -385,42 +409,15 @@ func TestRetiredPoolsGiveBackTheirSlots(t *testing.T) {
 // again under the same name, and is closed by the next Forget, whatever
 // request of the agent came after Forget.
 func TestForgottenPoolsGiveBackTheirSlots(t *testing.T) {
-	r := newRig(t)
-	r.ic.MaxUpstreamConnsPerAgent = 1
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	r.mux.HandleFunc("/hold", func(w http.ResponseWriter, req *http.Request) {
-		held <- struct{}{}
-		<-release
-	})
-	get := func(path string) int {
-		resp, _ := r.get(r.client(r.addr, false), "https://api.test"+path, nil)
-		return resp.StatusCode
-	}
-	// A request in progress when its agent is forgotten, which another
-	// request of the agent's, already under way, follows.
-	forgetInUse := func() {
-		done := make(chan int)
-		go func() { done <- get("/hold") }()
-		select {
-		case <-held:
-		case <-time.After(5 * time.Second):
-			require.Fail(t, "the request was not held")
-		}
-		r.ic.Forget("a1")
-		release <- struct{}{}
-		require.Equal(t, http.StatusOK, <-done)
-		n, _ := r.ic.upstream.Count("a1")
-		require.Equal(t, 1, n, "the forgotten pool's connection, idle, holds the agent's slot")
-	}
+	r := newOneSlotRig(t)
+	forget := func() { r.ic.Forget("a1") }
 
-	forgetInUse()
-	pol, err := policy.New(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}, Quotas: policy.Quotas{ConnectionsPerSecond: -1}})
-	require.NoError(t, err)
-	r.changed.Store(pol) // the agent made again
-	assert.Equal(t, http.StatusOK, get("/"), "a request of the agent made again")
+	r.holdAcross(forget)
+	r.newPolicy() // the agent made again
+	assert.Equal(t, http.StatusOK, r.get("/"), "a request of the agent made again")
 
-	forgetInUse()
-	assert.Equal(t, http.StatusOK, get("/"), "a request of the forgotten agent's, under way at Forget")
+	r.holdAcross(forget)
+	assert.Equal(t, http.StatusOK, r.get("/"), "a request of the forgotten agent's, under way at Forget")
 	r.ic.Forget("a2")
 	n, _ := r.ic.upstream.Count("a1")
 	assert.Zero(t, n, "the next Forget left a forgotten agent's idle connection open")
