@@ -222,3 +222,31 @@ func TestTCPConnectionsBoundedPerSource(t *testing.T) {
 	assert.NotErrorIs(t, err, os.ErrDeadlineExceeded, "a connection beyond the bound was kept open")
 	assert.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.3", "v.fast.test"), "another source is served")
 }
+
+// TestGatewayWideOverloadIsNamed: a query refused because all agents
+// together fill the gateway's places, at the door (queries being
+// answered) or upstream (queries in flight), is recorded with the
+// gateway's reason, not as its own agent's bound.
+func TestGatewayWideOverloadIsNamed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fill func(s *Server) bool
+		n    int
+	}{
+		{"at the door", func(s *Server) bool { return s.handling.Acquire("victim", 0, 0) }, 8},
+		{"upstream", func(s *Server) bool { return s.inFlight.Acquire("victim", 0, 0) }, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newBudgetWorld(t, policy.Quotas{DNSQueriesPerSecond: -1}, func(s *Server) {
+				s.MaxInFlight, s.MaxInFlightPerAgent = 4, 4
+			})
+			for range tc.n {
+				require.True(t, tc.fill(w.srv)) // the other agent's, held
+			}
+			assert.Equal(t, dns.RcodeServerFailure, w.ask(t, "127.0.0.1", "q.fast.test"))
+			rec := testkit.WaitRecord(t, w.log, func(r egresslog.Record) bool { return r.Agent == "hostile" && !r.Allowed })
+			assert.Equal(t, ReasonOverloaded, rec.Reason, "the agent held none of the places")
+			assert.Contains(t, BoundReasons(), rec.Reason)
+		})
+	}
+}

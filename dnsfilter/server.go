@@ -55,6 +55,16 @@ func BoundReasons() []string {
 	return []string{ReasonOverloaded, ReasonAgentOverloaded, ReasonGatewayBusy}
 }
 
+// overloaded is the reason of a bound an agent's query met: its own
+// share, or the gateway's for every agent together (or the part of it
+// kept for agents that ask little).
+func overloaded(bound budget.Bound) string {
+	if bound == budget.KeyBound {
+		return ReasonAgentOverloaded
+	}
+	return ReasonOverloaded
+}
+
 // Server is the sandboxes' DNS server. The zero Server refuses every query
 // (it knows no agent); set Agents to serve. A Server is safe for
 // concurrent use; set its fields before serving.
@@ -592,12 +602,10 @@ func (s *Server) resolve(ctx context.Context, who asker, name string, q dns.Ques
 			return nil, 0, overBudget(ReasonGatewayBusy)
 		}
 		defer s.gateway.Release(agent)
-	case !s.inFlight.Acquire(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)):
-		if n, _ := s.inFlight.Count(agent); n >= cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent) {
-			return nil, 0, overBudget(ReasonAgentOverloaded)
-		}
-		return nil, 0, overBudget(ReasonOverloaded)
 	default:
+		if bound := s.inFlight.Take(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)); bound != budget.Within {
+			return nil, 0, overBudget(overloaded(bound))
+		}
 		defer s.inFlight.Release(agent)
 	}
 	flightKey := key.name + "/" + strconv.Itoa(int(key.qtype)) + "/" + strconv.FormatBool(do)

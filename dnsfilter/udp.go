@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
+	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -141,9 +142,9 @@ func (u *udpServer) dispatch(p *packet, n, oobn int, src netip.AddrPort) {
 		return
 	}
 	p.buf, p.oob, p.src = p.buf[:n], p.oob[:oobn], src
-	if !s.handling.Acquire(agent, 2*cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), 2*cmp(s.MaxInFlight, DefaultMaxInFlight)) {
+	if bound := s.handling.Take(agent, 2*cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), 2*cmp(s.MaxInFlight, DefaultMaxInFlight)); bound != budget.Within {
 		// Answered here, on the read loop: a send that never waits.
-		u.refuseBusy(p, agent)
+		u.refuseBusy(p, agent, overloaded(bound))
 		packets.Put(p)
 		return
 	}
@@ -211,8 +212,9 @@ func rejected(req *dns.Msg) (rcode int, ok bool) {
 }
 
 // refuseBusy answers SERVFAIL to a query of an agent with no place left
-// among the queries being answered, and records it.
-func (u *udpServer) refuseBusy(p *packet, agent string) {
+// among the queries being answered, and records it with the reason of
+// the bound it met.
+func (u *udpServer) refuseBusy(p *packet, agent, reason string) {
 	req := u.unpack(p)
 	if req == nil {
 		return
@@ -221,7 +223,7 @@ func (u *udpServer) refuseBusy(p *packet, agent string) {
 	resp.SetRcode(req, dns.RcodeServerFailure)
 	(&udpReply{u: u, p: p}).WriteMsg(resp)
 	rec := queryRecord(req)
-	rec.Agent, rec.Reason, rec.Status = agent, ReasonAgentOverloaded, dns.RcodeServerFailure
+	rec.Agent, rec.Reason, rec.Status = agent, reason, dns.RcodeServerFailure
 	u.s.record(rec)
 }
 

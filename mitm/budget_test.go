@@ -422,3 +422,35 @@ func TestForgottenPoolsGiveBackTheirSlots(t *testing.T) {
 	n, _ := r.ic.upstream.Count("a1")
 	assert.Zero(t, n, "the next Forget left a forgotten agent's idle connection open")
 }
+
+// TestGatewayBounds: agents each within their own bounds are refused, with
+// the gateway's reason, once all agents together hold the gateway's
+// upstream connections or requests in progress.
+func TestGatewayBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name, reason string
+		set          func(ic *Interceptor)
+		fill         func(ic *Interceptor) bool
+	}{
+		{"upstream connections", ReasonGatewayUpstreamConns,
+			func(ic *Interceptor) { ic.MaxUpstreamConns = 8 },
+			func(ic *Interceptor) bool { return ic.upstream.Acquire("a2", 0, 0) }},
+		{"requests", ReasonGatewayRequests,
+			func(ic *Interceptor) { ic.MaxRequests = 8 },
+			func(ic *Interceptor) bool { return ic.requests.Acquire("a2", 0, 0) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			tc.set(r.ic)
+			for range 8 {
+				require.True(t, tc.fill(r.ic)) // another agent's, held
+			}
+			resp, body := r.get(r.client(r.addr, false), "https://api.test/", nil)
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+			assert.Contains(t, body, tc.reason)
+			rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == tc.reason })
+			assert.False(t, rec.Allowed, "a request refused for the gateway's bound is a denial")
+			assert.Contains(t, BoundReasons(), rec.Reason, "the refusal is not counted as a bound's")
+		})
+	}
+}

@@ -107,13 +107,19 @@ type Interceptor struct {
 	// progress, over all its connections and streams (a request waiting
 	// for an upstream connection holds memory too).
 	MaxRequestsPerAgent int
+	// MaxUpstreamConns and MaxRequests bound the same for every agent
+	// together (zero means the default). Past three quarters of either,
+	// only agents that hold few take more (budget.Fair): agents each
+	// within their own bounds cannot together take the gateway's last.
+	MaxUpstreamConns int
+	MaxRequests      int
 
 	initOnce   sync.Once
 	transports *httpfwd.Transports           // for hooks (Client)
 	pools      httpfwd.Pools[*policy.Policy] // each agent's own, for its policy
-	upstream   budget.Counter                // upstream connections, per agent
+	upstream   budget.Counter                // upstream connections, per agent and in all
 	mints      budget.Rates                  // leaves minted, per agent
-	requests   budget.Counter                // requests in progress, per agent
+	requests   budget.Counter                // requests in progress, per agent and in all
 	proxy      *httputil.ReverseProxy
 }
 
@@ -124,40 +130,65 @@ const (
 	DefaultMaxUpstreamConnsPerHost  = 8
 	DefaultMintsPerSecond           = 5
 	DefaultMaxRequestsPerAgent      = 512
+	DefaultMaxUpstreamConns         = 4096
+	DefaultMaxRequests              = 8192
 )
 
-// Reasons for a bound an agent met: its requests would open more upstream
-// connections than its share, or it has more requests in progress than
-// its share.
+// Reasons for a bound a request met: its agent's requests would open more
+// upstream connections than its share, or it has more requests in
+// progress than its share; or the gateway's, all agents' together, are at
+// their bound or in the part of it kept for agents that hold few.
 const (
-	ReasonUpstreamConns = "too many upstream connections for this agent"
-	ReasonAgentRequests = "too many requests in progress for this agent"
+	ReasonUpstreamConns        = "too many upstream connections for this agent"
+	ReasonAgentRequests        = "too many requests in progress for this agent"
+	ReasonGatewayUpstreamConns = "too many upstream connections at the gateway"
+	ReasonGatewayRequests      = "too many requests in progress at the gateway"
 )
 
-// BoundReasons are ReasonUpstreamConns and ReasonAgentRequests, which
-// whoever counts refusals per agent counts however many other reasons an
-// agent provokes.
+// BoundReasons are the reasons of the bounds above, which whoever counts
+// refusals per agent counts however many other reasons an agent provokes.
 func BoundReasons() []string {
-	return []string{ReasonUpstreamConns, ReasonAgentRequests}
+	return []string{ReasonUpstreamConns, ReasonAgentRequests, ReasonGatewayUpstreamConns, ReasonGatewayRequests}
 }
 
-var errUpstreamConns = errors.New(ReasonUpstreamConns)
+// boundError is a bound an upstream dial met: the request is refused with
+// its reason, as a denial rather than an upstream's failure.
+type boundError string
+
+func (e boundError) Error() string { return string(e) }
+
+// take counts one in on c for agent, within perAgent and total, or names
+// the bound it met: the agent's own (agentReason) or the gateway's.
+func take(c *budget.Counter, agent string, perAgent, total int, agentReason, gatewayReason string) string {
+	switch c.Take(agent, perAgent, total) {
+	case budget.Within:
+		return ""
+	case budget.KeyBound:
+		return agentReason
+	default:
+		return gatewayReason
+	}
+}
 
 // newPool makes an agent's own pool of upstream connections (for
 // httpfwd.Pools, which keeps one per agent and policy).
 func (i *Interceptor) newPool(agent string) *httpfwd.Transports {
 	perAgent := orDefault(i.MaxUpstreamConnsPerAgent, DefaultMaxUpstreamConnsPerAgent)
+	total := orDefault(i.MaxUpstreamConns, DefaultMaxUpstreamConns)
 	return httpfwd.NewTransports(httpfwd.Config{
 		Guard: i.Guard, Resolver: i.Resolver, DialTimeout: i.timeout(), RootCAs: i.RootCAs, HTTP2: true, Check: policy.DialCheck,
 		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		Admit: func() (func(), error) {
-			if !i.upstream.Acquire(agent, perAgent, 0) {
+			why := take(&i.upstream, agent, perAgent, total, ReasonUpstreamConns, ReasonGatewayUpstreamConns)
+			if why != "" {
 				// Idle connections hold slots too, in this pool and in
 				// those earlier policies retired: give theirs back first.
+				// Another agent's idle ones are its own: a gateway at its
+				// bound closes none of them for this one.
 				i.pools.CloseIdle(agent)
-				if !i.upstream.Acquire(agent, perAgent, 0) {
-					return nil, errUpstreamConns
+				if why = take(&i.upstream, agent, perAgent, total, ReasonUpstreamConns, ReasonGatewayUpstreamConns); why != "" {
+					return nil, boundError(why)
 				}
 			}
 			return func() { i.upstream.Release(agent) }, nil
@@ -402,6 +433,7 @@ type reqState struct {
 	secrets     []string
 	injectErr   error
 	upstreamErr string
+	bound       string    // the reason of a bound the upstream dial met
 	refused     bool      // netguard refused the upstream address
 	redact      *Replacer // nil: nothing to redact
 	wsSub       *Replacer // a WebSocket's client messages' substitutions, or nil
@@ -436,9 +468,9 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			i.Log.Record(rec)
 		}
 	}()
-	if !i.requests.Acquire(info.agent, orDefault(i.MaxRequestsPerAgent, DefaultMaxRequestsPerAgent), 0) {
-		rec.Reason = ReasonAgentRequests
-		http.Error(cw, "egress: "+ReasonAgentRequests, http.StatusServiceUnavailable)
+	if why := take(&i.requests, info.agent, orDefault(i.MaxRequestsPerAgent, DefaultMaxRequestsPerAgent), orDefault(i.MaxRequests, DefaultMaxRequests), ReasonAgentRequests, ReasonGatewayRequests); why != "" {
+		rec.Reason = why
+		http.Error(cw, "egress: "+why, http.StatusServiceUnavailable)
 		return
 	}
 	defer i.requests.Release(info.agent)
@@ -546,8 +578,8 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			rec.Allowed, rec.Reason = false, st.injectErr.Error()
 		case st.injectErr != nil:
 			rec.Allowed, rec.Reason = false, ReasonInjectFailed
-		case st.upstreamErr == ReasonUpstreamConns: // a bound the agent met, not a failure
-			rec.Allowed, rec.Reason = false, ReasonUpstreamConns
+		case st.bound != "": // a bound the request met, not a failure
+			rec.Allowed, rec.Reason = false, st.bound
 		case st.upstreamErr != "":
 			rec.Allowed = !st.refused
 			rec.Reason = reasonUpstreamError + st.upstreamErr
@@ -657,6 +689,7 @@ var (
 func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	st := stateOf(r.Context())
 	var refused interface{ Refused() bool }
+	var bound boundError
 	switch {
 	case errors.As(st.injectErr, &refused) && refused.Refused():
 		http.Error(w, "egress: "+st.injectErr.Error(), http.StatusBadRequest)
@@ -665,9 +698,9 @@ func (i *Interceptor) upstreamError(w http.ResponseWriter, r *http.Request, err 
 		st.upstreamErr = ReasonInjectFailed
 		http.Error(w, "egress: "+ReasonInjectFailed, http.StatusBadGateway)
 		return
-	case errors.Is(err, errUpstreamConns):
-		st.upstreamErr = ReasonUpstreamConns
-		http.Error(w, "egress: "+ReasonUpstreamConns, http.StatusServiceUnavailable)
+	case errors.As(err, &bound):
+		st.bound = string(bound)
+		http.Error(w, "egress: "+st.bound, http.StatusServiceUnavailable)
 		return
 	case errors.Is(err, errRedactFailed):
 		st.upstreamErr = err.Error()

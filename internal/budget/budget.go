@@ -116,22 +116,45 @@ type Counter struct {
 	total int
 }
 
+// Bound names the limit a Counter's Take met, or Within when it met none.
+type Bound int
+
+const (
+	Within     Bound = iota // counted in
+	KeyBound                // the key holds perKey already
+	TotalBound              // the total holds total already
+	KeptBound               // the place is one Fair keeps for keys that hold few
+)
+
 // Acquire counts one in for key unless key already has perKey or the
 // total has total (a limit of zero or less means none), or the place is
 // one Fair keeps for keys that hold few, and reports whether it did;
 // Release counts it out.
 func (c *Counter) Acquire(key string, perKey, total int) bool {
+	return c.Take(key, perKey, total) == Within
+}
+
+// Take is Acquire that names the limit it met, judged under the one lock
+// that counts: a refusal is told apart as the key's own or the gateway's
+// without a second look at counts that may have moved since.
+func (c *Counter) Take(key string, perKey, total int) Bound {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == nil {
 		c.n = map[string]int{}
 	}
-	if perKey > 0 && c.n[key] >= perKey || total > 0 && c.total >= total || !Fair(c.n[key], perKey, c.total, total) {
-		return false
+	held := c.n[key]
+	switch {
+	case perKey > 0 && held >= perKey:
+		return KeyBound
+	case total > 0 && c.total >= total:
+		return TotalBound
+	case !Fair(held, perKey, c.total, total):
+		return KeptBound
 	}
 	c.n[key]++
 	c.total++
-	return true
+	return Within
 }
 
 // Fair reports whether a key that holds held places may take one more

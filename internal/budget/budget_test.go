@@ -50,9 +50,10 @@ func TestCounter(t *testing.T) {
 	var c Counter
 	assert.True(t, c.Acquire("a", 2, 3))
 	assert.True(t, c.Acquire("a", 2, 3))
-	assert.False(t, c.Acquire("a", 2, 3), "a's limit")
+	assert.Equal(t, KeyBound, c.Take("a", 2, 3), "a's limit")
 	assert.True(t, c.Acquire("b", 2, 3))
-	assert.False(t, c.Acquire("c", 2, 3), "the total")
+	assert.Equal(t, TotalBound, c.Take("c", 2, 3), "the total")
+	assert.Equal(t, KeyBound, c.Take("a", 2, 3), "a's own limit, met first, is named though the total is met too")
 	c.Release("a")
 	assert.True(t, c.Acquire("c", 2, 3))
 	n, total := c.Count("a")
@@ -81,10 +82,10 @@ func TestCounterKeepsAQuarterForTheLight(t *testing.T) {
 	for _, light := range []string{"light1", "light2", "light3"} {
 		assert.True(t, c.Acquire(light, perKey, total), "%s, holding none, was refused", light)
 		assert.True(t, c.Acquire(light, perKey, total), "%s, holding one, was refused", light)
-		assert.False(t, c.Acquire(light, perKey, total), "%s took a third place in the kept quarter", light)
+		assert.Equal(t, KeptBound, c.Take(light, perKey, total), "%s took a third place in the kept quarter", light)
 	}
 	c.Release("heavy1")
-	assert.False(t, c.Acquire("heavy1", perKey, total), "a heavy key took a kept place freed")
+	assert.Equal(t, KeptBound, c.Take("heavy1", perKey, total), "a heavy key took a kept place freed")
 }
 
 func TestFair(t *testing.T) {
