@@ -55,16 +55,6 @@ func BoundReasons() []string {
 	return []string{ReasonOverloaded, ReasonAgentOverloaded, ReasonGatewayBusy}
 }
 
-// overloaded is the reason of a bound an agent's query met: its own
-// share, or the gateway's for every agent together (or the part of it
-// kept for agents that ask little).
-func overloaded(bound budget.Bound) string {
-	if bound == budget.KeyBound {
-		return ReasonAgentOverloaded
-	}
-	return ReasonOverloaded
-}
-
 // Server is the sandboxes' DNS server. The zero Server refuses every query
 // (it knows no agent); set Agents to serve. A Server is safe for
 // concurrent use; set its fields before serving.
@@ -603,8 +593,9 @@ func (s *Server) resolve(ctx context.Context, who asker, name string, q dns.Ques
 		}
 		defer s.gateway.Release(agent)
 	default:
-		if bound := s.inFlight.Take(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight)); bound != budget.Within {
-			return nil, 0, overBudget(overloaded(bound))
+		bound := s.inFlight.Take(agent, cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), cmp(s.MaxInFlight, DefaultMaxInFlight))
+		if why := bound.Reason(ReasonAgentOverloaded, ReasonOverloaded); why != "" {
+			return nil, 0, overBudget(why)
 		}
 		defer s.inFlight.Release(agent)
 	}

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
-	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -142,9 +141,10 @@ func (u *udpServer) dispatch(p *packet, n, oobn int, src netip.AddrPort) {
 		return
 	}
 	p.buf, p.oob, p.src = p.buf[:n], p.oob[:oobn], src
-	if bound := s.handling.Take(agent, 2*cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), 2*cmp(s.MaxInFlight, DefaultMaxInFlight)); bound != budget.Within {
+	bound := s.handling.Take(agent, 2*cmp(s.MaxInFlightPerAgent, DefaultMaxInFlightPerAgent), 2*cmp(s.MaxInFlight, DefaultMaxInFlight))
+	if why := bound.Reason(ReasonAgentOverloaded, ReasonOverloaded); why != "" {
 		// Answered here, on the read loop: a send that never waits.
-		u.refuseBusy(p, agent, overloaded(bound))
+		u.refuseBusy(p, agent, why)
 		packets.Put(p)
 		return
 	}

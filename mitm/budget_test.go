@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/budget"
 	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 )
@@ -423,29 +424,38 @@ func TestForgottenPoolsGiveBackTheirSlots(t *testing.T) {
 	assert.Zero(t, n, "the next Forget left a forgotten agent's idle connection open")
 }
 
-// TestGatewayBounds: agents each within their own bounds are refused, with
-// the gateway's reason, once all agents together hold the gateway's
-// upstream connections or requests in progress.
+// TestGatewayBounds: agents that each take all their own bounds allow
+// leave the gateway's last quarter to an agent that holds none; once all
+// agents together hold the gateway's upstream connections or requests in
+// progress, it too is refused, with the gateway's reason.
 func TestGatewayBounds(t *testing.T) {
 	for _, tc := range []struct {
 		name, reason string
 		set          func(ic *Interceptor)
-		fill         func(ic *Interceptor) bool
+		counter      func(ic *Interceptor) *budget.Counter
 	}{
 		{"upstream connections", ReasonGatewayUpstreamConns,
-			func(ic *Interceptor) { ic.MaxUpstreamConns = 8 },
-			func(ic *Interceptor) bool { return ic.upstream.Acquire("a2", 0, 0) }},
+			func(ic *Interceptor) { ic.MaxUpstreamConns, ic.MaxUpstreamConnsPerAgent = 16, 4 },
+			func(ic *Interceptor) *budget.Counter { return &ic.upstream }},
 		{"requests", ReasonGatewayRequests,
-			func(ic *Interceptor) { ic.MaxRequests = 8 },
-			func(ic *Interceptor) bool { return ic.requests.Acquire("a2", 0, 0) }},
+			func(ic *Interceptor) { ic.MaxRequests, ic.MaxRequestsPerAgent = 16, 4 },
+			func(ic *Interceptor) *budget.Counter { return &ic.requests }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
 			tc.set(r.ic)
-			for range 8 {
-				require.True(t, tc.fill(r.ic)) // another agent's, held
+			c := tc.counter(r.ic)
+			for i := range 16 { // four other agents, each taking what its bounds allow
+				c.Acquire(fmt.Sprintf("other%d", i/4), 4, 16)
 			}
 			resp, body := r.get(r.client(r.addr, false), "https://api.test/", nil)
+			assert.Equal(t, http.StatusOK, resp.StatusCode, "the agent that held none was starved: %s", body)
+
+			r.ic.pools.CloseIdle("a1") // its next request needs a new upstream connection
+			for c.Acquire("many", 0, 16) {
+				// many light agents, together filling the rest
+			}
+			resp, body = r.get(r.client(r.addr, false), "https://api.test/", nil)
 			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
 			assert.Contains(t, body, tc.reason)
 			rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Reason == tc.reason })

@@ -157,19 +157,6 @@ type boundError string
 
 func (e boundError) Error() string { return string(e) }
 
-// take counts one in on c for agent, within perAgent and total, or names
-// the bound it met: the agent's own (agentReason) or the gateway's.
-func take(c *budget.Counter, agent string, perAgent, total int, agentReason, gatewayReason string) string {
-	switch c.Take(agent, perAgent, total) {
-	case budget.Within:
-		return ""
-	case budget.KeyBound:
-		return agentReason
-	default:
-		return gatewayReason
-	}
-}
-
 // newPool makes an agent's own pool of upstream connections (for
 // httpfwd.Pools, which keeps one per agent and policy).
 func (i *Interceptor) newPool(agent string) *httpfwd.Transports {
@@ -180,14 +167,14 @@ func (i *Interceptor) newPool(agent string) *httpfwd.Transports {
 		MaxIdleConnsPerHost: orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		MaxConnsPerHost:     orDefault(i.MaxUpstreamConnsPerHost, DefaultMaxUpstreamConnsPerHost),
 		Admit: func() (func(), error) {
-			why := take(&i.upstream, agent, perAgent, total, ReasonUpstreamConns, ReasonGatewayUpstreamConns)
+			why := i.upstream.Take(agent, perAgent, total).Reason(ReasonUpstreamConns, ReasonGatewayUpstreamConns)
 			if why != "" {
 				// Idle connections hold slots too, in this pool and in
 				// those earlier policies retired: give theirs back first.
 				// Another agent's idle ones are its own: a gateway at its
 				// bound closes none of them for this one.
 				i.pools.CloseIdle(agent)
-				if why = take(&i.upstream, agent, perAgent, total, ReasonUpstreamConns, ReasonGatewayUpstreamConns); why != "" {
+				if why = i.upstream.Take(agent, perAgent, total).Reason(ReasonUpstreamConns, ReasonGatewayUpstreamConns); why != "" {
 					return nil, boundError(why)
 				}
 			}
@@ -468,7 +455,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			i.Log.Record(rec)
 		}
 	}()
-	if why := take(&i.requests, info.agent, orDefault(i.MaxRequestsPerAgent, DefaultMaxRequestsPerAgent), orDefault(i.MaxRequests, DefaultMaxRequests), ReasonAgentRequests, ReasonGatewayRequests); why != "" {
+	if why := i.requests.Take(info.agent, orDefault(i.MaxRequestsPerAgent, DefaultMaxRequestsPerAgent), orDefault(i.MaxRequests, DefaultMaxRequests)).Reason(ReasonAgentRequests, ReasonGatewayRequests); why != "" {
 		rec.Reason = why
 		http.Error(cw, "egress: "+why, http.StatusServiceUnavailable)
 		return

@@ -126,6 +126,19 @@ const (
 	KeptBound               // the place is one Fair keeps for keys that hold few
 )
 
+// Reason is the reason of a refusal for b: own for the key's own bound,
+// shared for the total's or the part Fair keeps; "" for Within.
+func (b Bound) Reason(own, shared string) string {
+	switch b {
+	case Within:
+		return ""
+	case KeyBound:
+		return own
+	default:
+		return shared
+	}
+}
+
 // Acquire counts one in for key unless key already has perKey or the
 // total has total (a limit of zero or less means none), or the place is
 // one Fair keeps for keys that hold few, and reports whether it did;

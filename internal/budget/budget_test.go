@@ -109,3 +109,12 @@ func TestFair(t *testing.T) {
 		assert.Equal(t, tc.want, Fair(tc.held, tc.perKey, tc.taken, tc.total), "%+v", tc)
 	}
 }
+
+// TestBoundReason: a refusal is named as the key's own bound only when it
+// met that bound.
+func TestBoundReason(t *testing.T) {
+	assert.Empty(t, Within.Reason("own", "shared"))
+	assert.Equal(t, "own", KeyBound.Reason("own", "shared"))
+	assert.Equal(t, "shared", TotalBound.Reason("own", "shared"))
+	assert.Equal(t, "shared", KeptBound.Reason("own", "shared"))
+}
