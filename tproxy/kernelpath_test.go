@@ -549,3 +549,53 @@ func TestKernelPathWithoutAbort(t *testing.T) {
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.ConnID == id && !r.Open })
 	assert.Equal(t, ReasonForgotten, r.Reason)
 }
+
+// duringMovePath is a KernelPath that calls during after it has taken a
+// connection, before it answers the proxy.
+type duringMovePath struct {
+	signalledPath
+	during func()
+}
+
+func (dp duringMovePath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), func(), error) {
+	wait, abort, err := dp.signalledPath.Move(client, upstream)
+	if err == nil {
+		dp.during()
+	}
+	return wait, abort, err
+}
+
+// TestForgetDuringHandover: an agent forgotten while its connection is
+// being handed to the kernel path has it ended there, through the kernel
+// path's abort while both sockets are open (so its counts are read), and
+// recorded as forgotten; not closed beneath the kernel path unseen.
+func TestForgetDuringHandover(t *testing.T) {
+	var w *world
+	dp := duringMovePath{signalledPath: signalled(kernelPath(t))}
+	dp.during = func() {
+		go w.proxy.Forget("a1")
+		time.Sleep(100 * time.Millisecond) // the Forget comes while the kernel path answers
+	}
+	w = newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath, p.KernelPathAfter = dp, -1 })
+	w.setNames("svc.test")
+	c := w.dial(w.bannerAddr)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := br.ReadString('\n')
+	require.NoError(t, err, "banner")
+	awaitMoved(t, dp.moved)
+
+	_, err = br.ReadString('\n')
+	assert.Error(t, err, "the connection is still open")
+	select {
+	case open := <-dp.aborted:
+		assert.True(t, open, "the kernel path was told to abort after its sockets were closed: its counts are lost")
+	case <-time.After(5 * time.Second):
+		assert.Fail(t, "the kernel path was not told to abort")
+	}
+	r := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Open })
+	assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
+	assert.Equal(t, egresslog.RelayKernel, r.Relay, "record %+v", r)
+	assert.EqualValues(t, len("SSH-2.0-test_banner\r\n"), r.BytesDown, "record %+v", r)
+}

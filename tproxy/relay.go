@@ -37,8 +37,11 @@ type relay struct {
 	// way and wait while the agent is over its byte quota.
 	paceUp, paceDown *pacer
 	// kernelAbort, while the KernelPath moves the connection, ends it
-	// there, its counts fixed before abort closes the sockets.
+	// there, its counts fixed before abort closes the sockets. handing is
+	// held while the KernelPath takes the connection, so that an abort
+	// meanwhile waits to learn whether it took it.
 	kernelAbort atomic.Pointer[func()]
+	handing     sync.Mutex
 }
 
 func newRelay(client net.Conn, up *net.TCPConn) *relay {
@@ -126,7 +129,10 @@ func (pc *pacer) write(w io.Writer, b []byte) (int, error) {
 // side surfaces as a reset on the other.
 func (r *relay) abort(why string) {
 	r.why.CompareAndSwap(nil, &why)
-	if stop := r.kernelAbort.Load(); stop != nil {
+	r.handing.Lock()
+	stop := r.kernelAbort.Load()
+	r.handing.Unlock()
+	if stop != nil {
 		(*stop)()
 	}
 	reset(r.client)
@@ -304,11 +310,8 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 				h = nil // the agent's places on the kernel path are taken
 				break
 			}
-			wait, stop, kerr := kernel.Move(r.client.(*net.TCPConn), r.up)
+			wait, kerr := r.handOver(kernel)
 			if kerr == nil {
-				if stop != nil {
-					r.kernelAbort.Store(&stop)
-				}
 				up, down, err = wait()
 				r.kernelAbort.Store(nil)
 				release()
@@ -328,6 +331,24 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 		}
 	}
 	return n[0], n[1], how, err
+}
+
+// handOver offers the connection to the kernel path, as Move does. An
+// abort that comes meanwhile waits for Move's answer, so that it ends a
+// connection the kernel path took through the kernel path's abort, its
+// counts fixed while both sockets are open; one that came before has its
+// resets joined by that abort.
+func (r *relay) handOver(kernel KernelPath) (wait func() (up, down int64, err error), err error) {
+	r.handing.Lock()
+	wait, stop, err := kernel.Move(r.client.(*net.TCPConn), r.up)
+	if err == nil && stop != nil {
+		r.kernelAbort.Store(&stop)
+	}
+	r.handing.Unlock()
+	if err == nil && stop != nil && r.why.Load() != nil {
+		stop()
+	}
+	return wait, err
 }
 
 // kernelFailure is why a connection failed on the kernel path, said as
