@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -96,8 +97,13 @@ func BenchmarkBulkThroughput(b *testing.B) {
 		kernel = benchProxy(b, up, withKernelPath(kp))
 	}
 	for _, streams := range []int{1, 4} {
+		busy := map[string]*machineCPU{} // by address: the machine's CPU per MiB moved through it
 		run := func(addr string, mib int) float64 {
 			var wg sync.WaitGroup
+			if busy[addr] == nil {
+				busy[addr] = new(machineCPU)
+			}
+			defer busy[addr].measure(float64(streams * mib))()
 			start := time.Now()
 			for range streams {
 				wg.Add(1)
@@ -135,13 +141,71 @@ func BenchmarkBulkThroughput(b *testing.B) {
 		b.ReportMetric(proxied, "proxy-MiB/s-"+strconv.Itoa(streams))
 		b.ReportMetric(ratio, "ratio-"+strconv.Itoa(streams))
 		b.ReportMetric(minimalRatio, "minimal-relay-ratio-"+strconv.Itoa(streams))
+		b.ReportMetric(busy[up.String()].perGiB(), "direct-cpu-ms/GiB-"+strconv.Itoa(streams))
+		b.ReportMetric(busy[proxy].perGiB(), "proxy-cpu-ms/GiB-"+strconv.Itoa(streams))
 		if kernel != "" {
 			_, kernelRate, kernelRatio := interleave(b.N, via(kernel))
 			b.ReportMetric(kernelRate, "kernel-MiB/s-"+strconv.Itoa(streams))
 			b.ReportMetric(kernelRatio, "kernel-ratio-"+strconv.Itoa(streams))
 			b.ReportMetric(kernelRate/proxied, "kernel/splice-"+strconv.Itoa(streams))
+			b.ReportMetric(busy[kernel].perGiB(), "kernel-cpu-ms/GiB-"+strconv.Itoa(streams))
 		}
 	}
+}
+
+// machineCPU adds up the whole machine's busy CPU time (every process,
+// the kernel's threads and interrupts: the kernel path's work is done
+// outside the gateway's process) over the runs it measures, and the MiB
+// they moved.
+type machineCPU struct {
+	busy time.Duration
+	mib  float64
+}
+
+// measure starts measuring a run that moves mib; the returned function
+// ends it.
+func (m *machineCPU) measure(mib float64) func() {
+	start := machineBusy()
+	return func() {
+		m.busy += machineBusy() - start
+		m.mib += mib
+	}
+}
+
+// perGiB is the CPU milliseconds spent per GiB moved; 0 where
+// /proc/stat cannot be read.
+func (m *machineCPU) perGiB() float64 {
+	if m == nil || m.mib == 0 {
+		return 0
+	}
+	return float64(m.busy.Milliseconds()) / m.mib * 1024
+}
+
+// machineBusy is the machine's busy CPU time since boot, from
+// /proc/stat's first line (user, nice, system, irq, softirq and steal, in
+// hundredths of a second); 0 where it cannot be read.
+func machineBusy() time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 func withKernelPath(kp KernelPath) func(*Proxy) { return func(p *Proxy) { p.KernelPath = kp } }
