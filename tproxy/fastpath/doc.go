@@ -20,9 +20,17 @@
 // read from the peer's write_seq, each skb charged its overhead so that
 // one-byte segments are held to as little memory as full ones: a million
 // of them took 1.8 GiB of slab before, 29 MiB now). Past it, the direction leaves the
-// kernel path for good: its bytes stay on its own socket, charged to the
-// receive buffer so that TCP's window holds the sender back, and Run
-// relays them (TestSlowReaderHoldsTheSenderBack: 13.6 MiB queued in all).
+// kernel path: its bytes stay on its own socket, charged to the receive
+// buffer so that TCP's window holds the sender back, and Run relays them
+// (TestSlowReaderHoldsTheSenderBack: 13.6 MiB queued in all), each write
+// after the peer has taken what was redirected before. After each write
+// Run tells the verdict how much it has relayed; the verdict counts what
+// it leaves, and once the two agree (every byte left is in the peer's
+// send queue) its next bytes go on the kernel path again, after those, so
+// that one burst does not keep a long connection in the process
+// (TestDirectionComesBack). A sender that stays faster than the kernel's
+// redirect (bulk on loopback) keeps ahead of Run, and its direction stays
+// in user space while it does.
 // The same holds for all pairs together (DefaultMaxQueuedTotal, 256 MiB,
 // Path.SetMaxQueuedTotal): a sandbox's thousands of connections to
 // servers that read nothing cannot each queue MaxQueued

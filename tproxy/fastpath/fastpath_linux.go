@@ -27,6 +27,7 @@ type Path struct {
 	watched, targets, peers *ebpf.Map
 	totals                  *ebpf.Map // what all directions have queued, and the bound
 	senders                 *ebpf.Map // by a socket's cookie, the cookie of the socket whose bytes go to it
+	resumes                 *ebpf.Map // by a socket's cookie, what user space has relayed of its bytes left to it
 	prog                    *ebpf.Program
 	watch                   *watcher
 
@@ -77,6 +78,9 @@ func New(pairs int) (*Path, error) {
 	if p.senders, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_senders", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: uint32(2 * pairs)}); err != nil {
 		return nil, fmt.Errorf("fastpath: senders map: %w", err)
 	}
+	if p.resumes, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_resumes", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: uint32(2 * pairs)}); err != nil {
+		return nil, fmt.Errorf("fastpath: resumes map: %w", err)
+	}
 	if err = p.SetMaxQueuedTotal(DefaultMaxQueuedTotal); err != nil {
 		return nil, err
 	}
@@ -85,7 +89,7 @@ func New(pairs int) (*Path, error) {
 		return nil, fmt.Errorf("fastpath: %w", err)
 	}
 	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
-		Instructions: verdictProgram(p.targets, p.peers, p.totals, writeSeqOff), License: programLicense}); err != nil {
+		Instructions: verdictProgram(p.targets, p.peers, p.totals, p.resumes, writeSeqOff), License: programLicense}); err != nil {
 		return nil, fmt.Errorf("fastpath: verdict program: %w", err)
 	}
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
@@ -120,7 +124,7 @@ func (p *Path) Close() error {
 	if p.rechargeIter != nil {
 		iterErr = p.rechargeIter.Close()
 	}
-	return errors.Join(iterErr, p.rechargeProg.Close(), p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close(), p.senders.Close()) // each is nil-safe
+	return errors.Join(iterErr, p.rechargeProg.Close(), p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close(), p.senders.Close(), p.resumes.Close()) // each is nil-safe
 }
 
 // SetMaxQueuedTotal sets the bound on what all directions of all pairs
@@ -295,6 +299,7 @@ func (pr *Pair) Remove() {
 			pr.p.targets.Delete(pr.slots[i])
 			if pr.cookies[i] != 0 {
 				pr.p.peers.Delete(pr.cookies[i])
+				pr.p.resumes.Delete(pr.cookies[i])
 			}
 		}
 		pr.p.mu.Lock()

@@ -43,3 +43,79 @@ func TestClosingEndsRunAfterALeftDirection(t *testing.T) {
 	r := abortAndAwait(t, a, b, ran)
 	assert.ErrorIs(t, r.err, net.ErrClosed)
 }
+
+// TestDirectionComesBack: a direction the verdict left to user space
+// (its receiver fell MaxQueued behind) comes back to the kernel path once
+// user space has relayed what was left to it, so that one burst does not
+// keep a long connection's bytes in the gateway's process. Every byte
+// arrives once, in order, and is counted once.
+func TestDirectionComesBack(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	require.NoError(t, b.SetWriteBuffer(64<<10))
+	require.NoError(t, server.SetReadBuffer(64<<10))
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	ran := runInBackground(pr, a, b)
+	at := func(off int) byte { return byte(off*7 + off/251) }
+	pattern := func(from, n int) []byte {
+		out := make([]byte, n)
+		for k := range out {
+			out[k] = at(from + k)
+		}
+		return out
+	}
+	receive := func(from, n int) {
+		t.Helper()
+		got := make([]byte, n)
+		server.SetReadDeadline(time.Now().Add(20 * time.Second))
+		_, err := io.ReadFull(server, got)
+		require.NoError(t, err)
+		for off, c := range got {
+			if c != at(from+off) {
+				require.Failf(t, "bytes out of order", "at offset %d", from+off)
+			}
+		}
+	}
+
+	// A burst past MaxQueued to a server that reads nothing for a while.
+	const burst = MaxQueued + 2<<20
+	sent := make(chan error, 1)
+	go func() {
+		client.SetWriteDeadline(time.Now().Add(20 * time.Second))
+		_, err := client.Write(pattern(0, burst))
+		sent <- err
+	}()
+	time.Sleep(time.Second)
+	receive(0, burst)
+	require.NoError(t, <-sent)
+	require.Eventually(t, func() bool { return pr.relayed[0].Load() > 0 }, 5*time.Second, 10*time.Millisecond,
+		"the burst never left the kernel path: the test shows nothing")
+
+	// Then bytes at a pace the server keeps up with.
+	time.Sleep(100 * time.Millisecond)
+	before := pr.moved(0)
+	const paced, chunk = 1 << 20, 32 << 10
+	go func() {
+		var err error
+		for off := 0; off < paced && err == nil; off += chunk {
+			_, err = client.Write(pattern(burst+off, chunk))
+			time.Sleep(2 * time.Millisecond)
+		}
+		sent <- err
+	}()
+	receive(burst, paced)
+	require.NoError(t, <-sent)
+	assert.GreaterOrEqual(t, pr.moved(0)-before, int64(paced-chunk), "the direction stayed in user space after its burst")
+
+	require.NoError(t, client.CloseWrite())
+	server.SetReadDeadline(time.Now().Add(10 * time.Second))
+	rest, err := io.ReadAll(server)
+	require.NoError(t, err)
+	assert.Empty(t, rest, "bytes after the end")
+	server.Close()
+	r := <-ran
+	require.NoError(t, r.err)
+	assert.EqualValues(t, burst+paced, r.up, "bytes counted up")
+}

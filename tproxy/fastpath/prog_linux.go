@@ -29,13 +29,15 @@ const (
 //
 //	struct peer {
 //		__u32 slot;     // the peer's slot in targets
-//		__u32 user;     // 1: the direction is relayed in user space
+//		__u32 user;     // 1: the direction is relayed in user space, for now
 //		__u64 bytes;    // bytes redirected to the peer
 //		__u32 base_seq; // the peer's write_seq at the first verdict
 //		__u32 seq_set;  // base_seq is set
 //		__u32 avg_len;  // the recent skbs' mean length (a moving average)
 //		__u32 pad;
 //		__u64 charged;  // what this direction last added to the total queued
+//		__u64 relayed;  // what user space had relayed when the direction came back
+//		__u64 passed;   // bytes left to user space
 //	};
 const (
 	peerSlotOff    = 0
@@ -45,7 +47,9 @@ const (
 	peerSeqSetOff  = 20
 	peerAvgLenOff  = 24
 	peerChargedOff = 32
-	peerSize       = 40
+	peerRelayedOff = 40
+	peerPassedOff  = 48
+	peerSize       = 56
 )
 
 // The totals map's entries, each two 64-bit words: what all directions
@@ -70,7 +74,8 @@ const (
 // skips TCP's memory accounting), so past this bound the verdict stops
 // redirecting that direction: its bytes go to the socket's own receive
 // queue, where they count against its receive buffer (TCP's window then
-// holds the sender back), and Run relays them in user space.
+// holds the sender back), and Run relays them in user space until it has
+// relayed all the verdict left it (resumes).
 const MaxQueued = 4 << 20
 
 // DefaultMaxQueuedTotal bounds what all directions of all pairs may have
@@ -110,8 +115,9 @@ func writeSeqOffset() (int16, error) {
 // all but MaxQueued of what was redirected to it and all directions
 // together stay within the bound in totals; past either, and for a
 // socket the peers map does not know, the bytes stay with the socket
-// (SK_PASS), for user space.
-func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Instructions {
+// (SK_PASS), for user space, counted, until what user space has relayed
+// (resumes, by the socket's cookie) is all the verdict left it.
+func verdictProgram(targets, peers, totals, resumes *ebpf.Map, writeSeqOff int16) asm.Instructions {
 	verdict := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // the skb
 		// An skb without data (its end of stream) is not sent on: the
@@ -128,10 +134,25 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 		asm.JEq.Imm(asm.R0, 0, "pass"),
 		asm.Mov.Reg(asm.R7, asm.R0), // the peer entry
 		asm.LoadMem(asm.R1, asm.R7, peerUserOff, asm.Word),
-		asm.JNE.Imm(asm.R1, 0, "pass"),
+		asm.JEq.Imm(asm.R1, 0, "judge"),
+
+		// Left to user space: back on the kernel path once user space
+		// has relayed every byte left to it (its count, in resumes, is
+		// written after the bytes are in the peer's send queue), so that
+		// these bytes go after those.
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.LoadMapPtr(asm.R1, resumes.FD()),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "passed"),
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.LoadMem(asm.R2, asm.R7, peerPassedOff, asm.DWord),
+		asm.JNE.Reg(asm.R1, asm.R2, "passed"),
+		asm.StoreMem(asm.R7, peerRelayedOff, asm.R1, asm.DWord),
+		asm.StoreImm(asm.R7, peerUserOff, 0, asm.Word),
 
 		// The peer's write_seq: what it has taken to send.
-		asm.LoadMem(asm.R1, asm.R7, peerSlotOff, asm.Word),
+		asm.LoadMem(asm.R1, asm.R7, peerSlotOff, asm.Word).WithSymbol("judge"),
 		asm.StoreMem(asm.RFP, -12, asm.R1, asm.Word),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -12),
@@ -151,10 +172,12 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 		asm.JNE.Imm(asm.R1, 0, "based"),
 		asm.StoreMem(asm.R7, peerBaseSeqOff, asm.R9, asm.Word),
 		asm.StoreImm(asm.R7, peerSeqSetOff, 1, asm.Word),
-		// queued = redirected - (write_seq - base), modulo 2^32.
+		// queued = redirected + relayed - (write_seq - base), modulo 2^32.
 		asm.LoadMem(asm.R1, asm.R7, peerBaseSeqOff, asm.Word).WithSymbol("based"),
 		asm.Sub.Reg32(asm.R9, asm.R1),
 		asm.LoadMem(asm.R1, asm.R7, peerBytesOff, asm.DWord),
+		asm.LoadMem(asm.R2, asm.R7, peerRelayedOff, asm.DWord),
+		asm.Add.Reg(asm.R1, asm.R2),
 		asm.Sub.Reg32(asm.R1, asm.R9),
 		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // skb->len
 		asm.Add.Reg(asm.R1, asm.R2),
@@ -221,8 +244,11 @@ func verdictProgram(targets, peers, totals *ebpf.Map, writeSeqOff int16) asm.Ins
 
 		asm.Mov.Reg(asm.R1, asm.R8).WithSymbol("release"),
 		asm.FnSkRelease.Call(),
-		// From now on this direction's bytes are user space's.
+		// From now on this direction's bytes are user space's, counted
+		// as they are left to it.
 		asm.StoreImm(asm.R7, peerUserOff, 1, asm.Word).WithSymbol("user"),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word).WithSymbol("passed"), // skb->len
+		asm.AddAtomic.Mem(asm.R7, asm.R2, asm.DWord, peerPassedOff),
 		asm.Mov.Imm(asm.R0, skPass).WithSymbol("pass"),
 		asm.Return(),
 		asm.Mov.Imm(asm.R0, skDrop).WithSymbol("drop"),

@@ -73,9 +73,10 @@ func rechargeProgram(senders, peers, totals *ebpf.Map, writeSeqOff int16) asm.In
 		asm.LoadMem(asm.R1, asm.R9, peerSeqSetOff, asm.Word),
 		asm.JEq.Imm(asm.R1, 0, "done"), // nothing redirected yet
 
-		// queued = redirected - (write_seq - base), modulo 2^32; past
-		// 2^31 the socket took more than was redirected (bytes relayed
-		// in user space after the last redirected one): none queued.
+		// queued = redirected + relayed - (write_seq - base), modulo
+		// 2^32; past 2^31 the socket took more than that (bytes relayed
+		// in user space since the direction last came back): none
+		// queued.
 		asm.Mov.Reg(asm.R1, asm.R6),
 		asm.FnSkcToTcpSock.Call(),
 		asm.JEq.Imm(asm.R0, 0, "done"),
@@ -83,6 +84,8 @@ func rechargeProgram(senders, peers, totals *ebpf.Map, writeSeqOff int16) asm.In
 		asm.LoadMem(asm.R1, asm.R9, peerBaseSeqOff, asm.Word),
 		asm.Sub.Reg32(asm.R2, asm.R1),
 		asm.LoadMem(asm.R1, asm.R9, peerBytesOff, asm.DWord),
+		asm.LoadMem(asm.R3, asm.R9, peerRelayedOff, asm.DWord),
+		asm.Add.Reg(asm.R1, asm.R3),
 		asm.Sub.Reg32(asm.R1, asm.R2),
 		asm.JLE.Imm(asm.R1, math.MaxInt32, "counted"),
 		asm.Mov.Imm(asm.R1, 0),

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -258,11 +259,10 @@ func stateAfterEnd(st uint8) bool {
 // its end first.
 func (pr *Pair) passEnd(i int, conns [2]*net.TCPConn, left bool) error {
 	src, dst := conns[i], conns[1-i]
-	if err := pr.drain(i, dst); err != nil {
-		return err
-	}
-	pr.release(i) // the verdict queues no more of i's bytes
 	if !left {
+		if err := pr.drain(i, dst); err != nil {
+			return err
+		}
 		unmoved, err := pr.unmoved(i, src)
 		if err != nil {
 			return err
@@ -274,6 +274,11 @@ func (pr *Pair) passEnd(i int, conns [2]*net.TCPConn, left bool) error {
 			return err
 		}
 	}
+	// What the verdict redirected after the direction came back.
+	if err := pr.drain(i, dst); err != nil {
+		return err
+	}
+	pr.release(i) // the verdict queues no more of i's bytes
 	// Its failure is not the connection's, as a relay's half-close is
 	// not: a peer already gone (ENOTCONN) has nothing left to be told.
 	dst.CloseWrite()
@@ -313,6 +318,10 @@ var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return
 // direction the verdict left to user space. It reads with recvmsg (what
 // the verdict left is queued for it alone; splicing would not see it),
 // and writes only once dst has taken what the verdict redirected before.
+// After each write it tells the verdict what it has relayed: once that is
+// all the verdict left, the direction is back on the kernel path, and
+// relayRest waits on the socket, with no buffer, for what the verdict
+// leaves it next, or the end.
 //
 // A socket in the sockmap reads its end of stream as soon as its peer's
 // end has arrived, even while bytes the verdict left to it still wait in
@@ -322,20 +331,10 @@ var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return
 // fail the connection, which a reset then tells both sides: a stream
 // cut short must never look whole.
 func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
-	bp := relayBuffers.Get().(*[]byte)
-	defer relayBuffers.Put(bp)
 	wait, waited := time.Millisecond, time.Duration(0)
 	for {
-		n, err := src.Read(*bp)
-		if n > 0 {
-			if derr := pr.drain(i, dst); derr != nil {
-				return derr
-			}
-			m, werr := dst.Write((*bp)[:n])
-			pr.relayed[i].Add(int64(m)) // what went, if not all did: the record's count
-			if werr != nil {
-				return werr
-			}
+		moved, err := pr.relayOnce(i, dst, src)
+		if moved {
 			wait, waited = time.Millisecond, 0
 		}
 		if err == io.EOF {
@@ -359,6 +358,50 @@ func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
 			return err
 		}
 	}
+}
+
+// relayOnce reads what src has for user space and writes it to dst, once
+// dst has taken what the verdict redirected before, then tells the
+// verdict what has been relayed. It waits for the bytes before it takes
+// a buffer, so that a direction back on the kernel path holds none. Its
+// error is the read's (io.EOF at the end) or what stopped the write.
+func (pr *Pair) relayOnce(i int, dst, src *net.TCPConn) (moved bool, err error) {
+	if err := awaitReadable(src); err != nil {
+		return false, err
+	}
+	bp := relayBuffers.Get().(*[]byte)
+	defer relayBuffers.Put(bp)
+	n, err := src.Read(*bp)
+	if n == 0 {
+		return false, err
+	}
+	if derr := pr.drain(i, dst); derr != nil {
+		return false, derr
+	}
+	m, werr := dst.Write((*bp)[:n])
+	relayed := pr.relayed[i].Add(int64(m)) // what went, if not all did: the record's count
+	if werr != nil {
+		return true, werr
+	}
+	// Once the verdict has left no more than this, its next bytes go on
+	// the kernel path again (a failure here only keeps them in user
+	// space).
+	pr.p.resumes.Update(pr.cookies[i], uint64(relayed), ebpf.UpdateAny)
+	return true, err
+}
+
+// awaitReadable waits, reading nothing, until c has bytes to read, its
+// end or an error, or its read deadline passes (Abort's).
+func awaitReadable(c *net.TCPConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var probe [1]byte
+	return rc.Read(func(fd uintptr) bool {
+		_, _, err := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return err != unix.EAGAIN
+	})
 }
 
 // endGrace bounds the wait for bytes a socket received after its end was
