@@ -77,7 +77,13 @@
 // each socket until nothing waits, or not at all, before Splice: the
 // verdict is handed whole skbs, and one read in part would go again.
 //
-// On loopback here it moves bulk data at 0.44-0.49 of a direct
-// connection, 1.32-1.46 of a relay that splices (go test -run X -bench
-// '^BenchmarkBulk$' -benchtime 320000000x ./tproxy/fastpath).
+// On loopback here it moves bulk data at 0.41-0.59 of a direct
+// connection, 0.88-1.11 of a relay that splices (go test -run X -bench
+// '^BenchmarkBulk$' -benchtime 1073741824x ./tproxy/fastpath): the
+// kernel's redirect, not the gateway, is the bound, and a loopback
+// sender outpaces it, so past MaxQueued most of such a stream is relayed
+// by Run, and tproxy's BenchmarkBulkThroughput (cpu-ms/GiB, the whole
+// machine's CPU per GiB moved) finds it costlier than the splicing relay.
+// A sender the redirect keeps up with (any link slower than loopback)
+// stays on the path.
 package fastpath
