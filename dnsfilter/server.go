@@ -90,7 +90,10 @@ type Server struct {
 	MemoryPerAgent int
 	// MaxInFlight bounds the sandboxes' queries waiting for an upstream,
 	// and MaxInFlightPerAgent each agent's share of them; beyond either,
-	// new queries get SERVFAIL at once, and other agents' are untouched.
+	// new queries get SERVFAIL at once, and other agents' are untouched
+	// (the last quarter is kept for agents that ask little, budget.Fair;
+	// none is with MaxInFlightPerAgent at or above MaxInFlight, when one
+	// agent may take it all).
 	// Zero means DefaultMaxInFlight and DefaultMaxInFlightPerAgent. An
 	// agent's query rate is its policy's quota (policy.Quotas).
 	MaxInFlight, MaxInFlightPerAgent int

@@ -110,7 +110,9 @@ type Interceptor struct {
 	// MaxUpstreamConns and MaxRequests bound the same for every agent
 	// together (zero means the default). Past three quarters of either,
 	// only agents that hold few take more (budget.Fair): agents each
-	// within their own bounds cannot together take the gateway's last.
+	// within their own bounds cannot together take the gateway's last. A
+	// per-agent bound at or above its gateway bound keeps nothing back:
+	// one agent may then hold the gateway's whole.
 	MaxUpstreamConns int
 	MaxRequests      int
 

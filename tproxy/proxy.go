@@ -138,7 +138,8 @@ type Proxy struct {
 	// The last quarter of MaxConns is kept for agents that hold fewer than
 	// a sixteenth of MaxConnsPerAgent (budget.Fair), so that ten agents
 	// at their bound cannot refuse every other agent's connections (never
-	// more than MaxConns less MaxConnsPerAgent is kept).
+	// more than MaxConns less MaxConnsPerAgent is kept: a per-agent bound
+	// at or above MaxConns keeps none, and one agent may hold them all).
 	// Zero means DefaultMaxConns and DefaultMaxConnsPerAgent. An agent's
 	// rate of new connections and its bytes per second each way are its
 	// policy's quotas (policy.Quotas).
