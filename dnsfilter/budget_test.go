@@ -30,13 +30,26 @@ type budgetWorld struct {
 	addr    string
 	release chan struct{} // closing it lets slow answers go
 	slowAsk atomic.Int32
+
+	mu    sync.Mutex
+	asked map[string]int // the upstream's questions, by name
+}
+
+// upstreamAsked is how many times the upstream was asked name.
+func (w *budgetWorld) upstreamAsked(name string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.asked[dns.Fqdn(name)]
 }
 
 func newBudgetWorld(t *testing.T, quotas policy.Quotas, configure func(*Server)) *budgetWorld {
-	w := &budgetWorld{log: &egresslog.Log{}, release: make(chan struct{})}
+	w := &budgetWorld{log: &egresslog.Log{}, release: make(chan struct{}), asked: map[string]int{}}
 	upstream := dns.HandlerFunc(func(rw dns.ResponseWriter, r *dns.Msg) {
 		m := new(dns.Msg).SetReply(r)
 		name := r.Question[0].Name
+		w.mu.Lock()
+		w.asked[name]++
+		w.mu.Unlock()
 		if strings.HasSuffix(name, ".slow.test.") {
 			w.slowAsk.Add(1)
 			<-w.release
@@ -249,4 +262,24 @@ func TestGatewayWideOverloadIsNamed(t *testing.T) {
 			assert.Contains(t, BoundReasons(), rec.Reason)
 		})
 	}
+}
+
+// TestCacheFloodEvictsTheFlooder: an agent that fills the answer cache
+// with names of its own makes room from its own answers: its neighbour's
+// stay cached, and its neighbour's next queries do not wait for the
+// upstream again.
+func TestCacheFloodEvictsTheFlooder(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{DNSQueriesPerSecond: -1}, func(s *Server) { s.CacheSize = 50 })
+	victim := func(i int) string { return fmt.Sprintf("v%d.fast.test", i) }
+	for i := range 10 {
+		require.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.3", victim(i)))
+	}
+	for i := range 200 {
+		require.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.1", fmt.Sprintf("n%d.fast.test", i)))
+	}
+	for i := range 10 {
+		require.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.3", victim(i)))
+		assert.Equal(t, 1, w.upstreamAsked(victim(i)), "%s was evicted by the other agent's flood", victim(i))
+	}
+	assert.Greater(t, w.upstreamAsked("n0.fast.test"), 0)
 }

@@ -612,7 +612,7 @@ func (s *Server) resolve(ctx context.Context, who asker, name string, q dns.Ques
 			return nil, err
 		}
 		if s.cache != nil {
-			s.cache.put(key, m, time.Now())
+			s.cache.put(agent, key, m, time.Now())
 		}
 		return m, nil
 	})
