@@ -367,7 +367,7 @@ func (i *Interceptor) leafFor(agent, host string) (*tls.Certificate, error) {
 	if !i.mints.Take(agent, 1, rate, 4*rate, time.Now()) {
 		return nil, &policy.QuotaError{Reason: policy.ReasonQuotaMints}
 	}
-	return i.Leaves.Get(host)
+	return i.Leaves.getFor(agent, host)
 }
 
 // activeRequests counts a connection's requests in progress under the

@@ -25,28 +25,37 @@ const (
 
 // Leaves mints and caches a certificate per host, signed by a CA: each
 // with a fresh random key (never derived from the CA key or the name),
-// valid for that host only, kept for TTL in a bounded LRU, and minted once
-// when many connections for a new host arrive together.
+// valid for that host only, kept for TTL in a bounded cache, and minted
+// once when many connections for a new host arrive together. Each leaf
+// belongs to the agent whose connection minted it (none, through Get);
+// a full cache makes room from the agent that holds the most, its least
+// recently used first, so that one agent minting leaves for name after
+// name pushes out its own, not its neighbours'.
 type Leaves struct {
 	CA   *CA
 	TTL  time.Duration // zero means DefaultLeafTTL
 	Size int           // zero means DefaultLeafCache
 
 	mu     sync.Mutex
-	lru    *list.List // of *leafEntry, most recent first
+	owners map[string]*list.List // each agent's leaves (*leafEntry), most recent first
 	byHost map[string]*list.Element
 	flight singleflight.Group
 }
 
 type leafEntry struct {
-	host    string
-	cert    *tls.Certificate
-	expires time.Time
+	host, owner string
+	cert        *tls.Certificate
+	expires     time.Time
 }
 
 // Get returns the leaf for host, minting it if needed, once however many
 // ask at the same time.
 func (l *Leaves) Get(host string) (*tls.Certificate, error) {
+	return l.getFor("", host)
+}
+
+// getFor is Get for agent's connection: a leaf it mints is its own.
+func (l *Leaves) getFor(agent, host string) (*tls.Certificate, error) {
 	now := time.Now()
 	if cert := l.cached(host, now); cert != nil {
 		return cert, nil
@@ -61,7 +70,7 @@ func (l *Leaves) Get(host string) (*tls.Certificate, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.store(host, cert, now)
+		l.store(agent, host, cert, now)
 		return cert, nil
 	})
 	if err != nil {
@@ -74,24 +83,20 @@ func (l *Leaves) Get(host string) (*tls.Certificate, error) {
 func (l *Leaves) cached(host string, now time.Time) *tls.Certificate {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.byHost == nil {
-		l.byHost, l.lru = map[string]*list.Element{}, list.New()
-	}
 	el, ok := l.byHost[host]
 	if !ok {
 		return nil
 	}
 	e := el.Value.(*leafEntry)
 	if !now.Before(e.expires) {
-		l.lru.Remove(el)
-		delete(l.byHost, host)
+		l.removeLocked(el)
 		return nil
 	}
-	l.lru.MoveToFront(el)
+	l.owners[e.owner].MoveToFront(el)
 	return e.cert
 }
 
-func (l *Leaves) store(host string, cert *tls.Certificate, now time.Time) {
+func (l *Leaves) store(owner, host string, cert *tls.Certificate, now time.Time) {
 	ttl := l.TTL
 	if ttl <= 0 {
 		ttl = DefaultLeafTTL
@@ -102,25 +107,51 @@ func (l *Leaves) store(host string, cert *tls.Certificate, now time.Time) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.byHost == nil {
+		l.byHost, l.owners = map[string]*list.Element{}, map[string]*list.List{}
+	}
 	if el, ok := l.byHost[host]; ok {
-		l.lru.Remove(el)
+		l.removeLocked(el)
 	}
-	l.byHost[host] = l.lru.PushFront(&leafEntry{host: host, cert: cert, expires: now.Add(ttl)})
-	for l.lru.Len() > size {
-		last := l.lru.Back()
-		l.lru.Remove(last)
-		delete(l.byHost, last.Value.(*leafEntry).host)
+	for len(l.byHost) >= size {
+		l.evictLocked()
 	}
+	leaves := l.owners[owner]
+	if leaves == nil {
+		leaves = list.New()
+		l.owners[owner] = leaves
+	}
+	l.byHost[host] = leaves.PushFront(&leafEntry{host: host, owner: owner, cert: cert, expires: now.Add(ttl)})
+}
+
+// removeLocked drops a cached leaf.
+func (l *Leaves) removeLocked(el *list.Element) {
+	e := el.Value.(*leafEntry)
+	leaves := l.owners[e.owner]
+	leaves.Remove(el)
+	if leaves.Len() == 0 {
+		delete(l.owners, e.owner)
+	}
+	delete(l.byHost, e.host)
+}
+
+// evictLocked drops the least recently used leaf of the agent that holds
+// the most.
+func (l *Leaves) evictLocked() {
+	var most *list.List
+	for _, leaves := range l.owners {
+		if most == nil || leaves.Len() > most.Len() {
+			most = leaves
+		}
+	}
+	l.removeLocked(most.Back())
 }
 
 // Len reports how many leaves are cached.
 func (l *Leaves) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.lru == nil {
-		return 0
-	}
-	return l.lru.Len()
+	return len(l.byHost)
 }
 
 // mintLeaf creates a certificate for host (a name, or an IP address)

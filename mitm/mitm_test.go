@@ -517,6 +517,38 @@ func TestLeavesCache(t *testing.T) {
 	assert.NotSame(t, a, b, "an expired leaf was served")
 }
 
+// TestLeavesFairShare: an agent minting leaves for name after name (a
+// wide interception rule and a list of hosts) fills the cache with its
+// own and then pushes out its own, least recently used first; a
+// neighbour's leaves stay cached, and its next connections mint nothing.
+func TestLeavesFairShare(t *testing.T) {
+	ca, err := NewCA("leaf test")
+	require.NoError(t, err)
+	l := &Leaves{CA: ca, Size: 10, TTL: time.Hour}
+	quiet := map[string]*tls.Certificate{}
+	for _, host := range []string{"a.quiet", "b.quiet", "c.quiet"} {
+		quiet[host], err = l.getFor("quiet", host)
+		require.NoError(t, err)
+	}
+	var first *tls.Certificate
+	for i := range 30 {
+		c, err := l.getFor("flood", fmt.Sprintf("h%d.flood", i))
+		require.NoError(t, err)
+		if i == 29 {
+			first = c
+		}
+	}
+	assert.Equal(t, 10, l.Len(), "leaves cached")
+	for host, c := range quiet {
+		again, err := l.getFor("quiet", host)
+		require.NoError(t, err)
+		assert.Same(t, c, again, "%s was pushed out by the other agent's leaves", host)
+	}
+	again, err := l.getFor("flood", "h29.flood")
+	require.NoError(t, err)
+	assert.Same(t, first, again, "the flooding agent's most recent leaf was pushed out before its older ones")
+}
+
 func TestCAPersistence(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "egress")
 	cert, key := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
