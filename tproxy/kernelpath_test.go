@@ -80,19 +80,28 @@ func awaitMoved(t *testing.T, moved <-chan struct{}) {
 	}
 }
 
-// echoTransfer sends up to the echo service through the transparent
-// proxy, holds the connection idle for hold, half-closes, reads the echo,
-// and returns the connection's closing record.
-func echoTransfer(t *testing.T, w *world, up []byte, hold time.Duration) egresslog.Record {
+// echoTransfer sends parts to the echo service through the transparent
+// proxy, holding the connection idle for hold after each, half-closes,
+// and returns the connection's closing record once the echo, read all
+// the while, has come back whole.
+func echoTransfer(t *testing.T, w *world, hold time.Duration, parts ...[]byte) egresslog.Record {
 	t.Helper()
 	c := w.dial(w.echoAddr)
-	_, err := c.Write(up)
-	require.NoError(t, err)
-	time.Sleep(hold)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	echoed := make(chan []byte, 1)
+	go func() {
+		got, err := io.ReadAll(c)
+		assert.NoError(t, err) // not the test's goroutine: no FailNow
+		echoed <- got
+	}()
+	for _, part := range parts {
+		_, err := c.Write(part)
+		require.NoError(t, err)
+		time.Sleep(hold)
+	}
 	require.NoError(t, c.(*net.TCPConn).CloseWrite())
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	got, err := io.ReadAll(c)
-	require.NoError(t, err)
+	got := <-echoed
+	up := bytes.Join(parts, nil)
 	require.Equal(t, len("echo:")+len(up), len(got), "kernel path: %v", w.proxy.KernelPath != nil)
 	assert.Equal(t, up, got[len("echo:"):], "the echo differs")
 	return w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindTCP && !r.Open })
@@ -133,26 +142,35 @@ func bannerExchange(t *testing.T, w *world, c net.Conn, br *bufio.Reader, kind e
 // that covers the connection's life.
 func TestKernelPathRecordsAsUserSpace(t *testing.T) {
 	kp := kernelPath(t)
-	up := make([]byte, 3<<20+17)
-	rand.Read(up)
-	const hold = 300 * time.Millisecond
-	records := map[string]egresslog.Record{}
-	for name, path := range map[string]KernelPath{"user": nil, "kernel": kp} {
-		w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath = path })
-		w.setNames("svc.test")
-		records[name] = echoTransfer(t, w, up, hold)
-	}
-	user, kernel := records["user"], records["kernel"]
-	assert.Equal(t, egresslog.RelaySplice, user.Relay)
-	assert.Equal(t, egresslog.RelayKernel, kernel.Relay)
-	assert.EqualValues(t, len(up), kernel.BytesUp)
-	assert.Equal(t, user.BytesUp, kernel.BytesUp, "bytes up")
-	assert.Equal(t, user.BytesDown, kernel.BytesDown, "bytes down")
-	assert.Equal(t, user.Reason, kernel.Reason, "close reason")
-	assert.Equal(t, policy.ReasonAllowedByRule, kernel.Reason, "an end without an error")
-	for name, r := range records {
-		assert.GreaterOrEqual(t, r.Duration, hold, "%s: the duration misses the connection's life", name)
-		assert.Less(t, r.Duration, hold+5*time.Second, "%s: the duration outlasts the connection", name)
+	// 3 MiB stays within the kernel path's queue; 40 MiB, sent once the
+	// connection is on the path, passes it: its directions leave the path
+	// and come back.
+	for _, size := range []int{3<<20 + 17, 40<<20 + 17} {
+		up := make([]byte, size)
+		rand.Read(up)
+		parts := [][]byte{up}
+		if size > fastpath.MaxQueued {
+			parts = [][]byte{up[:256<<10], up[256<<10:]}
+		}
+		const hold = 300 * time.Millisecond
+		records := map[string]egresslog.Record{}
+		for name, path := range map[string]KernelPath{"user": nil, "kernel": kp} {
+			w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath = path })
+			w.setNames("svc.test")
+			records[name] = echoTransfer(t, w, hold, parts...)
+		}
+		user, kernel := records["user"], records["kernel"]
+		assert.Equal(t, egresslog.RelaySplice, user.Relay)
+		assert.Equal(t, egresslog.RelayKernel, kernel.Relay)
+		assert.EqualValues(t, len(up), kernel.BytesUp, "%d bytes", size)
+		assert.Equal(t, user.BytesUp, kernel.BytesUp, "bytes up")
+		assert.Equal(t, user.BytesDown, kernel.BytesDown, "bytes down")
+		assert.Equal(t, user.Reason, kernel.Reason, "close reason")
+		assert.Equal(t, policy.ReasonAllowedByRule, kernel.Reason, "an end without an error")
+		for name, r := range records {
+			assert.GreaterOrEqual(t, r.Duration, hold, "%s: the duration misses the connection's life", name)
+			assert.Less(t, r.Duration, hold+10*time.Second, "%s: the duration outlasts the connection", name)
+		}
 	}
 }
 
@@ -221,7 +239,7 @@ func TestKernelPathOnlyWhereSafe(t *testing.T) {
 	assert.Equal(t, egresslog.RelayKernel, r.Relay, "a CONNECT tunnel passed through: %+v", r)
 
 	// Said and half-closed at once: on whichever path takes it, whole.
-	r = echoTransfer(t, w, []byte("said and done"), 0)
+	r = echoTransfer(t, w, 0, []byte("said and done"))
 	assert.EqualValues(t, len("said and done"), r.BytesUp, "record %+v", r)
 	assert.EqualValues(t, len("echo:said and done"), r.BytesDown, "record %+v", r)
 
@@ -255,7 +273,7 @@ func TestKernelPathOnlyAfterFirstBytes(t *testing.T) {
 			w.setNames("svc.test")
 			// Held open a moment: a side that has ended cannot join the
 			// kernel path, and the echo service answers only at the end.
-			r := echoTransfer(t, w, up, 50*time.Millisecond)
+			r := echoTransfer(t, w, 50*time.Millisecond, up)
 			assert.Equal(t, tc.relay, r.Relay, "record %+v", r)
 			assert.Equal(t, tc.relay == egresslog.RelayKernel, len(sp.moved) == 1, "moves")
 			assert.EqualValues(t, len(up), r.BytesUp, "record %+v", r)
