@@ -140,7 +140,7 @@ func (pr *Pair) fail(conns [2]*net.TCPConn, err error) {
 	if pr.failed.CompareAndSwap(nil, f) {
 		for _, c := range conns {
 			c.SetLinger(0)
-			c.SetReadDeadline(time.Now())
+			c.SetDeadline(time.Now()) // a relayed direction may wait in a write too
 		}
 	}
 	pr.wake()
@@ -390,18 +390,27 @@ func (pr *Pair) relayOnce(i int, dst, src *net.TCPConn) (moved bool, err error) 
 	return true, err
 }
 
-// awaitReadable waits, reading nothing, until c has bytes to read, its
-// end or an error, or its read deadline passes (Abort's).
+// awaitReadable waits, reading nothing, until c has bytes to read or its
+// end, or its read deadline passes (Abort's); a reset is its error. The
+// peek that finds a reset takes it from the socket (the read after would
+// see an end), so it is returned here, never dropped.
 func awaitReadable(c *net.TCPConn) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
 	var probe [1]byte
-	return rc.Read(func(fd uintptr) bool {
-		_, _, err := unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		return err != unix.EAGAIN
-	})
+	var peekErr error
+	if err := rc.Read(func(fd uintptr) bool {
+		_, _, peekErr = unix.Recvfrom(int(fd), probe[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return peekErr != unix.EAGAIN
+	}); err != nil {
+		return err
+	}
+	if peekErr != nil && peekErr != unix.EINTR {
+		return peekErr
+	}
+	return nil
 }
 
 // endGrace bounds the wait for bytes a socket received after its end was

@@ -1,0 +1,156 @@
+//go:build linux
+
+package fastpath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// streamByte is the byte at offset off of a test stream, so that a
+// receiver can check every offset.
+func streamByte(off int) byte { return byte(off*7 + off/251) }
+
+func streamBytes(from, n int) []byte {
+	out := make([]byte, n)
+	for k := range out {
+		out[k] = streamByte(from + k)
+	}
+	return out
+}
+
+// sendStream writes the stream from offset from to c, up to limit bytes
+// or until d passes, and returns what c took.
+func sendStream(c *net.TCPConn, from, limit int, d time.Duration) int {
+	c.SetWriteDeadline(time.Now().Add(d))
+	defer c.SetWriteDeadline(time.Time{})
+	sent := 0
+	for sent < limit {
+		n, err := c.Write(streamBytes(from+sent, min(1<<20, limit-sent)))
+		sent += n
+		if err != nil {
+			break
+		}
+	}
+	return sent
+}
+
+// readStream reads n bytes of the stream from offset from, within d, and
+// fails at the first byte out of place; it returns what it read.
+func readStream(c *net.TCPConn, from, n int, d time.Duration) (int, error) {
+	buf := make([]byte, 64<<10)
+	c.SetReadDeadline(time.Now().Add(d))
+	got := 0
+	for got < n {
+		k, err := c.Read(buf[:min(len(buf), n-got)])
+		for j := range k {
+			if buf[j] != streamByte(from+got+j) {
+				return got + j, fmt.Errorf("byte out of order at offset %d", from+got+j)
+			}
+		}
+		got += k
+		if err != nil {
+			return got, err
+		}
+	}
+	return got, nil
+}
+
+// relayedDirection splices a pair whose server reads slowly (small
+// buffers) and sends a burst past MaxQueued, so that the client's
+// direction is relayed in user space, and returns the pair, its Run's
+// result and what the client sent.
+func relayedDirection(t *testing.T, p *Path) (client, a, b, server *net.TCPConn, pr *Pair, ran <-chan runResult, sent int) {
+	client, a, b, server = pairUp(t)
+	require.NoError(t, b.SetWriteBuffer(64<<10))
+	require.NoError(t, server.SetReadBuffer(64<<10))
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	t.Cleanup(pr.Remove)
+	ran = runInBackground(pr, a, b)
+	sent = sendStream(client, 0, MaxQueued+2<<20, 3*time.Second)
+	require.Eventually(t, func() bool { return pr.relayed[0].Load() > 0 || unrelayed(pr, 0) > 0 }, 5*time.Second, 10*time.Millisecond,
+		"the burst never left the kernel path: the test shows nothing")
+	return client, a, b, server, pr, ran, sent
+}
+
+// unrelayed is what the verdict left to user space of side i's bytes and
+// Run has not yet relayed.
+func unrelayed(pr *Pair, i int) int64 {
+	var v [peerSize]byte
+	if pr.p.peers.Lookup(pr.cookies[i], v[:]) != nil {
+		return 0
+	}
+	return int64(binary.NativeEndian.Uint64(v[peerPassedOff:])) - pr.relayed[i].Load()
+}
+
+// TestResetWhileRelayedInUserSpace: a client that resets while its bytes
+// are relayed in user space has the reset passed on, never an end: the
+// server must not take a stream cut short for a whole one, and Run
+// fails. (A peek that met the reset took it from the socket, and the
+// read after it saw an end.)
+func TestResetWhileRelayedInUserSpace(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server, _, ran, sent := relayedDirection(t, p)
+	n, err := readStream(server, 0, 1<<20, 5*time.Second)
+	require.NoError(t, err, "at %d", n)
+	client.SetLinger(0)
+	client.Close()
+
+	got := make(chan error, 1)
+	go func() {
+		_, err := readStream(server, n, sent, 20*time.Second)
+		got <- err
+	}()
+	select {
+	case r := <-ran:
+		require.Error(t, r.err, "the client's reset")
+	case <-time.After(10 * time.Second):
+		require.Fail(t, "Run did not end after the client's reset")
+	}
+	a.Close() // as the caller does after a failure: a reset, both ways
+	b.Close()
+	err = <-got
+	assert.Error(t, err)
+	assert.NotErrorIs(t, err, io.EOF, "a stream cut short looked whole")
+	assert.False(t, isTimeout(err), "the server was told nothing: %v", err)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestAbortWhileRelayWrites: Abort ends Run while a direction relayed in
+// user space waits in a write to a server that stopped reading, without
+// the caller closing the sockets first.
+func TestAbortWhileRelayWrites(t *testing.T) {
+	p := newPath(t)
+	client, _, b, server, pr, ran, _ := relayedDirection(t, p)
+	go sendStream(client, MaxQueued+2<<20, 2*MaxQueued, 20*time.Second)
+	// The server takes what was redirected and a little of what is
+	// relayed, then stops: the relay's write waits.
+	n, err := readStream(server, 0, int(pr.moved(0))+8<<10, 10*time.Second)
+	require.NoError(t, err, "at %d", n)
+	require.Eventually(t, func() bool {
+		q, _, _ := queued(b)
+		return q-pr.base[1] >= pr.moved(0)+pr.relayed[0].Load()
+	}, 5*time.Second, 10*time.Millisecond, "the relay never wrote")
+	time.Sleep(300 * time.Millisecond)
+
+	pr.Abort()
+	select {
+	case r := <-ran:
+		assert.True(t, errors.Is(r.err, ErrAborted), "Run's error: %v", r.err)
+	case <-time.After(5 * time.Second):
+		assert.Fail(t, "Run did not end after Abort: the relay waits in its write")
+	}
+}
