@@ -30,7 +30,16 @@
 // that one burst does not keep a long connection in the process
 // (TestDirectionComesBack). A sender that stays faster than the kernel's
 // redirect (bulk on loopback) keeps ahead of Run, and its direction stays
-// in user space while it does.
+// in user space while it does. One thing escapes the receive buffer: a
+// socket whose own sends wait (its receiver takes nothing) has what it
+// receives for user space wait behind them in the kernel's backlog,
+// uncharged, its sender not held back. So the verdict bounds what it has
+// left and Run not yet relayed (the largest receive buffer TCP grants,
+// and MaxQueued more); past it, it drops the bytes and writes the socket
+// to a ring the Path waits on, which fails the pair (ErrOverrun, naming
+// that side) for its caller to reset (TestBytesBehindAStuckReceiver). An
+// end that comes behind such sends waits for them as long as they wait
+// (TestEndBehindAStuckReceiver).
 // The same holds for all pairs together (DefaultMaxQueuedTotal, 256 MiB,
 // Path.SetMaxQueuedTotal): a sandbox's thousands of connections to
 // servers that read nothing cannot each queue MaxQueued

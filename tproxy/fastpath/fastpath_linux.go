@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,6 +32,9 @@ type Path struct {
 	totals                  *ebpf.Map // what all directions have queued, and the bound
 	senders                 *ebpf.Map // by a socket's cookie, the cookie of the socket whose bytes go to it
 	resumes                 *ebpf.Map // by a socket's cookie, what user space has relayed of its bytes left to it
+	overruns                *ebpf.Map // a ring of the cookies of sockets whose bytes left to user space passed the bound
+	overrunReader           *ringbuf.Reader
+	overrunDone             chan struct{}
 	prog                    *ebpf.Program
 	watch                   *watcher
 
@@ -41,8 +48,9 @@ type Path struct {
 	chargeMu sync.Mutex
 
 	mu       sync.Mutex
-	free     []uint32 // free slots of the sockmaps
-	released uint64   // of the total charged, by pairs done with it
+	pairs    map[uint64]*Pair // by each socket's cookie
+	free     []uint32         // free slots of the sockmaps
+	released uint64           // of the total charged, by pairs done with it
 	bound    uint64
 }
 
@@ -53,7 +61,7 @@ func New(pairs int) (*Path, error) {
 	if pairs <= 0 {
 		return nil, errors.New("fastpath: no pairs")
 	}
-	p := &Path{}
+	p := &Path{pairs: map[uint64]*Pair{}}
 	var err error
 	defer func() {
 		if err != nil {
@@ -81,6 +89,9 @@ func New(pairs int) (*Path, error) {
 	if p.resumes, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_resumes", Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: uint32(2 * pairs)}); err != nil {
 		return nil, fmt.Errorf("fastpath: resumes map: %w", err)
 	}
+	if p.overruns, err = ebpf.NewMap(&ebpf.MapSpec{Name: "egress_overruns", Type: ebpf.RingBuf, MaxEntries: overrunRing}); err != nil {
+		return nil, fmt.Errorf("fastpath: overruns ring: %w", err)
+	}
 	if err = p.SetMaxQueuedTotal(DefaultMaxQueuedTotal); err != nil {
 		return nil, err
 	}
@@ -89,7 +100,7 @@ func New(pairs int) (*Path, error) {
 		return nil, fmt.Errorf("fastpath: %w", err)
 	}
 	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
-		Instructions: verdictProgram(p.targets, p.peers, p.totals, p.resumes, writeSeqOff), License: programLicense}); err != nil {
+		Instructions: verdictProgram(p.targets, p.peers, p.totals, p.resumes, p.overruns, maxUnrelayed(), writeSeqOff), License: programLicense}); err != nil {
 		return nil, fmt.Errorf("fastpath: verdict program: %w", err)
 	}
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
@@ -101,6 +112,11 @@ func New(pairs int) (*Path, error) {
 	if p.watch, err = newWatcher(); err != nil {
 		return nil, err
 	}
+	if p.overrunReader, err = ringbuf.NewReader(p.overruns); err != nil {
+		return nil, fmt.Errorf("fastpath: overruns ring: %w", err)
+	}
+	p.overrunDone = make(chan struct{})
+	go p.overrunLoop()
 	p.rechargeStop, p.rechargeDone = make(chan struct{}), make(chan struct{})
 	go p.rechargeLoop()
 	for i := 2*pairs - 1; i >= 0; i-- {
@@ -117,6 +133,10 @@ func (p *Path) Close() error {
 		close(p.rechargeStop)
 		<-p.rechargeDone
 	}
+	if p.overrunReader != nil {
+		p.overrunReader.Close()
+		<-p.overrunDone
+	}
 	if p.watch != nil {
 		p.watch.close()
 	}
@@ -124,7 +144,7 @@ func (p *Path) Close() error {
 	if p.rechargeIter != nil {
 		iterErr = p.rechargeIter.Close()
 	}
-	return errors.Join(iterErr, p.rechargeProg.Close(), p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close(), p.senders.Close(), p.resumes.Close()) // each is nil-safe
+	return errors.Join(iterErr, p.rechargeProg.Close(), p.prog.Close(), p.watched.Close(), p.targets.Close(), p.peers.Close(), p.totals.Close(), p.senders.Close(), p.resumes.Close(), p.overruns.Close()) // each is nil-safe
 }
 
 // SetMaxQueuedTotal sets the bound on what all directions of all pairs
@@ -246,6 +266,11 @@ func (p *Path) Splice(a, b *net.TCPConn) (*Pair, error) {
 			return nil, fmt.Errorf("fastpath: senders: %w", err)
 		}
 	}
+	p.mu.Lock()
+	for _, cookie := range pr.cookies {
+		p.pairs[cookie] = pr
+	}
+	p.mu.Unlock()
 	for i, c := range conns {
 		if err := withFD(c, func(fd int) error { return p.watched.Update(pr.slots[i], uint32(fd), ebpf.UpdateAny) }); err != nil {
 			pr.Remove()
@@ -303,6 +328,11 @@ func (pr *Pair) Remove() {
 			}
 		}
 		pr.p.mu.Lock()
+		for _, cookie := range pr.cookies {
+			if pr.p.pairs[cookie] == pr {
+				delete(pr.p.pairs, cookie)
+			}
+		}
 		pr.p.free = append(pr.p.free, pr.slots[0], pr.slots[1])
 		pr.p.mu.Unlock()
 	})
@@ -371,4 +401,58 @@ func (p *Path) Move(a, b *net.TCPConn) (wait func() (aToB, bToA int64, err error
 		defer pr.Remove()
 		return pr.Run(a, b)
 	}, pr.Abort, nil
+}
+
+// overrunRing is the size of the overruns ring: room for 2,048 cookies
+// between two reads, each in its 8-byte header.
+const overrunRing = 32 << 10
+
+// ErrOverrun fails a pair whose bytes left to user space waited, past
+// the bound, behind a receiver on the same socket that took none: in the
+// kernel's backlog nothing charges them, and TCP's window does not hold
+// their sender back, so the verdict dropped them.
+var ErrOverrun = errors.New("fastpath: bytes waited behind a receiver that takes none, past the bound")
+
+// overrunLoop fails each pair whose cookie the verdict writes to the
+// overruns ring, until Close. It waits on the ring, polling nothing.
+func (p *Path) overrunLoop() {
+	defer close(p.overrunDone)
+	for {
+		rec, err := p.overrunReader.Read()
+		if errors.Is(err, ringbuf.ErrClosed) {
+			return
+		}
+		if err != nil || len(rec.RawSample) < 8 {
+			continue
+		}
+		cookie := binary.NativeEndian.Uint64(rec.RawSample)
+		p.mu.Lock()
+		pr := p.pairs[cookie]
+		p.mu.Unlock()
+		if pr == nil {
+			continue
+		}
+		side := 0
+		if pr.cookies[1] == cookie {
+			side = 1
+		}
+		pr.fail(pr.conns, &SideError{Side: side, Err: ErrOverrun})
+	}
+}
+
+// maxUnrelayed bounds what a direction may have left to user space and
+// user space not yet relayed: what TCP lets a socket's receive buffer
+// hold (tcp_rmem's largest, which autotuning reaches), where such bytes
+// wait while the sender is held back, and MaxQueued more for those on
+// their way.
+func maxUnrelayed() int32 {
+	rmem := int64(6 << 20) // the kernel's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/tcp_rmem"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 3 {
+			if n, err := strconv.ParseInt(f[2], 10, 64); err == nil && n > 0 {
+				rmem = n
+			}
+		}
+	}
+	return int32(min(rmem+MaxQueued, 1<<30))
 }

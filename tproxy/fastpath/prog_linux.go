@@ -24,12 +24,17 @@ const (
 	skPass = 1
 )
 
+// userOverrun is a peer's user field once what was left to user space
+// passed the bound on what may wait unrelayed: the pair is being failed,
+// and the verdict drops what comes.
+const userOverrun = 2
+
 // peer is a socket's entry in the peers map: where its bytes go, how many
 // have gone, and whether the direction has left the kernel path.
 //
 //	struct peer {
 //		__u32 slot;     // the peer's slot in targets
-//		__u32 user;     // 1: the direction is relayed in user space, for now
+//		__u32 user;     // 1: the direction is relayed in user space, for now; 2: overrun
 //		__u64 bytes;    // bytes redirected to the peer
 //		__u32 base_seq; // the peer's write_seq at the first verdict
 //		__u32 seq_set;  // base_seq is set
@@ -117,7 +122,7 @@ func writeSeqOffset() (int16, error) {
 // socket the peers map does not know, the bytes stay with the socket
 // (SK_PASS), for user space, counted, until what user space has relayed
 // (resumes, by the socket's cookie) is all the verdict left it.
-func verdictProgram(targets, peers, totals, resumes *ebpf.Map, writeSeqOff int16) asm.Instructions {
+func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnrelayed int32, writeSeqOff int16) asm.Instructions {
 	verdict := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // the skb
 		// An skb without data (its end of stream) is not sent on: the
@@ -135,21 +140,44 @@ func verdictProgram(targets, peers, totals, resumes *ebpf.Map, writeSeqOff int16
 		asm.Mov.Reg(asm.R7, asm.R0), // the peer entry
 		asm.LoadMem(asm.R1, asm.R7, peerUserOff, asm.Word),
 		asm.JEq.Imm(asm.R1, 0, "judge"),
+		asm.JEq.Imm(asm.R1, userOverrun, "drop"),
 
 		// Left to user space: back on the kernel path once user space
 		// has relayed every byte left to it (its count, in resumes, is
 		// written after the bytes are in the peer's send queue), so that
 		// these bytes go after those.
+		asm.Mov.Imm(asm.R8, 0), // what user space has relayed: nothing yet
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -8),
 		asm.LoadMapPtr(asm.R1, resumes.FD()),
 		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "passed"),
-		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.JEq.Imm(asm.R0, 0, "bounded"),
+		asm.LoadMem(asm.R8, asm.R0, 0, asm.DWord),
 		asm.LoadMem(asm.R2, asm.R7, peerPassedOff, asm.DWord),
-		asm.JNE.Reg(asm.R1, asm.R2, "passed"),
-		asm.StoreMem(asm.R7, peerRelayedOff, asm.R1, asm.DWord),
+		asm.JNE.Reg(asm.R8, asm.R2, "bounded"),
+		asm.StoreMem(asm.R7, peerRelayedOff, asm.R8, asm.DWord),
 		asm.StoreImm(asm.R7, peerUserOff, 0, asm.Word),
+		asm.Ja.Label("judge"),
+
+		// What is left and not yet relayed waits, when the socket's own
+		// sends wait too (its receiver takes nothing), behind them in the
+		// kernel's backlog, where nothing charges it and TCP's window
+		// does not hold the sender back: past maxUnrelayed, the pair is
+		// failed (its cookie to the overruns ring, for Run) and its bytes
+		// dropped.
+		asm.LoadMem(asm.R2, asm.R7, peerPassedOff, asm.DWord).WithSymbol("bounded"),
+		asm.Sub.Reg(asm.R2, asm.R8),
+		asm.LoadMem(asm.R3, asm.R6, 0, asm.Word), // skb->len
+		asm.Add.Reg(asm.R2, asm.R3),
+		asm.JLE.Imm(asm.R2, maxUnrelayed, "passed"),
+		asm.StoreImm(asm.R7, peerUserOff, userOverrun, asm.Word),
+		asm.LoadMapPtr(asm.R1, overruns.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -8),
+		asm.Mov.Imm(asm.R3, 8),
+		asm.Mov.Imm(asm.R4, 0),
+		asm.FnRingbufOutput.Call(),
+		asm.Ja.Label("drop"),
 
 		// The peer's write_seq: what it has taken to send.
 		asm.LoadMem(asm.R1, asm.R7, peerSlotOff, asm.Word).WithSymbol("judge"),

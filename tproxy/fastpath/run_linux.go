@@ -344,10 +344,14 @@ func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
 				return uerr
 			case unmoved <= 0:
 				return nil
-			case waited >= endGrace:
-				return fmt.Errorf("%d bytes received never came out of the kernel path", unmoved)
 			case pr.failed.Load() != nil:
 				return errors.New("the other direction failed")
+			case pr.sendsWait(i, src):
+				// The bytes wait in the kernel's backlog behind src's own
+				// sends, as long as src's receiver takes none: not lost.
+				waited = 0
+			case waited >= endGrace:
+				return fmt.Errorf("%d bytes received never came out of the kernel path", unmoved)
 			}
 			time.Sleep(wait)
 			waited += wait
@@ -415,8 +419,21 @@ func awaitReadable(c *net.TCPConn) error {
 
 // endGrace bounds the wait for bytes a socket received after its end was
 // read: the kernel's backlog hands them on at once, unless something is
-// wrong.
+// wrong, or its own sends wait there before them (sendsWait).
 const endGrace = 5 * time.Second
+
+// sendsWait says whether side i's socket has not yet taken to send all
+// the other direction moved to it: the kernel's backlog, which holds what
+// the verdict redirected to the socket and what it left the socket in
+// one queue, holds the rest of those sends, and behind them what side i
+// received.
+func (pr *Pair) sendsWait(i int, src *net.TCPConn) bool {
+	q, closed, err := queued(src)
+	if err != nil || closed {
+		return false
+	}
+	return q-pr.base[i] < pr.moved(1-i)+pr.relayed[1-i].Load()
+}
 
 // unmoved is how many of the bytes side i has received since the splice
 // (its end of stream, which counts one in TCP's sequence, not counted)

@@ -154,3 +154,117 @@ func TestAbortWhileRelayWrites(t *testing.T) {
 		assert.Fail(t, "Run did not end after Abort: the relay waits in its write")
 	}
 }
+
+// TestBytesBehindAStuckReceiver: a client that reads nothing of what it
+// is sent (its socket's sends wait in the kernel's backlog) while its own
+// bytes are relayed in user space cannot make the kernel hold them
+// without end: they wait behind those sends, where nothing charges them
+// and TCP's window does not hold the client back. Past maxUnrelayed the
+// pair fails, naming the client's side, and the client is held back.
+func TestBytesBehindAStuckReceiver(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	require.NoError(t, client.SetReadBuffer(64<<10))
+	require.NoError(t, a.SetWriteBuffer(64<<10))
+	require.NoError(t, b.SetWriteBuffer(64<<10))
+	require.NoError(t, server.SetReadBuffer(64<<10))
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	ran := runInBackground(pr, a, b)
+
+	// The server sends; the client reads none of it.
+	go sendStream(server, 0, 8<<20, 30*time.Second)
+	time.Sleep(time.Second)
+	// A burst while the server reads nothing: the client's direction
+	// leaves the kernel path.
+	sent := sendStream(client, 0, MaxQueued+2<<20, 2*time.Second)
+	require.Positive(t, unrelayed(pr, 0), "the burst never left the kernel path: the test shows nothing")
+
+	// The server reads all it gets; the client sends on.
+	go readStream(server, 0, 1<<30, 20*time.Second)
+	sending := make(chan int, 1)
+	go func() { sending <- sendStream(client, sent, 1<<30, 20*time.Second) }()
+	var r runResult
+	select {
+	case r = <-ran:
+	case <-time.After(15 * time.Second):
+		require.Fail(t, "the pair was not failed")
+	}
+	var side *SideError
+	require.ErrorAs(t, r.err, &side)
+	assert.Equal(t, 0, side.Side, "the side whose bytes overran")
+	assert.ErrorIs(t, r.err, ErrOverrun)
+	assert.LessOrEqual(t, unrelayed(pr, 0), int64(maxUnrelayed())+64<<10, "left to user space past the bound")
+	a.Close() // as the caller does after a failure: the client is reset
+	b.Close()
+	select {
+	case <-sending:
+	case <-time.After(5 * time.Second):
+		assert.Fail(t, "the client is not held back")
+	}
+}
+
+// TestEndBehindAStuckReceiver: a client that sends a burst (relayed in
+// user space) and its end, and reads what it is sent only seconds later,
+// gets all of it, and the server all the client sent and its end, as on
+// a direct connection: the client's last bytes wait in the kernel's
+// backlog behind what is sent to it, not lost, however long past
+// endGrace.
+func TestEndBehindAStuckReceiver(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	require.NoError(t, client.SetReadBuffer(64<<10))
+	require.NoError(t, a.SetWriteBuffer(64<<10))
+	require.NoError(t, b.SetWriteBuffer(64<<10))
+	require.NoError(t, server.SetReadBuffer(64<<10))
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	defer pr.Remove()
+	ran := runInBackground(pr, a, b)
+
+	const down, up = 8 << 20, MaxQueued + 4<<20
+	ended := func(c *net.TCPConn, n int) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			if sent := sendStream(c, 0, n, 30*time.Second); sent < n {
+				done <- fmt.Errorf("sent %d of %d", sent, n)
+				return
+			}
+			done <- c.CloseWrite()
+		}()
+		return done
+	}
+	downDone := ended(server, down)
+	time.Sleep(time.Second) // what is sent to the client waits: it reads nothing
+	upDone := ended(client, up)
+	time.Sleep(time.Second) // the server is slow at first: the client's direction leaves the kernel path
+	serverGot := make(chan error, 1)
+	go func() {
+		n, err := readStream(server, 0, up, 15*time.Second)
+		if err == nil {
+			_, err = server.Read(make([]byte, 1))
+			if err == io.EOF {
+				err = nil
+			} else {
+				err = fmt.Errorf("after the whole upload, no end: %v", err)
+			}
+		} else {
+			err = fmt.Errorf("at %d of %d: %w", n, up, err)
+		}
+		serverGot <- err
+	}()
+	require.NoError(t, <-upDone, "the client's upload")
+	time.Sleep(endGrace + 2*time.Second) // the client reads only now
+	n, err := readStream(client, 0, down, 10*time.Second)
+	assert.NoError(t, err, "what was sent to the client, at %d of %d", n, down)
+	assert.NoError(t, <-serverGot, "the server's")
+	select {
+	case r := <-ran:
+		assert.NoError(t, r.err)
+		assert.EqualValues(t, up, r.up)
+	case <-time.After(15 * time.Second):
+		assert.Fail(t, "Run did not end")
+	}
+	assert.NoError(t, <-downDone)
+}
