@@ -411,7 +411,7 @@ const overrunRing = 32 << 10
 // the bound, behind a receiver on the same socket that took none: in the
 // kernel's backlog nothing charges them, and TCP's window does not hold
 // their sender back, so the verdict dropped them.
-var ErrOverrun = errors.New("fastpath: bytes waited behind a receiver that takes none, past the bound")
+var ErrOverrun = errors.New("bytes waited behind a receiver that takes none, past the bound") // a SideError's cause: it says fastpath
 
 // overrunLoop fails each pair whose cookie the verdict writes to the
 // overruns ring, until Close. It waits on the ring, polling nothing.
