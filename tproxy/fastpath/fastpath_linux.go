@@ -410,8 +410,9 @@ const overrunRing = 32 << 10
 // ErrOverrun fails a pair whose bytes left to user space waited, past
 // the bound, behind a receiver on the same socket that took none: in the
 // kernel's backlog nothing charges them, and TCP's window does not hold
-// their sender back, so the verdict dropped them.
-var ErrOverrun = errors.New("bytes waited behind a receiver that takes none, past the bound") // a SideError's cause: it says fastpath
+// their sender back, so the verdict dropped them. It is the cause of a
+// SideError, whose message names the package.
+var ErrOverrun = errors.New("bytes waited behind a receiver that takes none, past the bound")
 
 // overrunLoop fails each pair whose cookie the verdict writes to the
 // overruns ring, until Close. It waits on the ring, polling nothing.
