@@ -550,22 +550,31 @@ func (np noAbortPath) Move(client, upstream *net.TCPConn) (func() (int64, int64,
 func TestKernelPathWithoutAbort(t *testing.T) {
 	np := noAbortPath{signalled(kernelPath(t))}
 	w := newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath, p.KernelPathAfter = np, -1 })
-	w.setNames("svc.test")
-	c := w.dial(w.bannerAddr)
-	defer c.Close()
-	br := bufio.NewReader(c)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err := br.ReadString('\n')
-	require.NoError(t, err, "banner")
-	awaitMoved(t, np.moved)
+	br := greetedOnKernelPath(t, w, np.moved)
 	require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 1 }, 5*time.Second, 10*time.Millisecond)
 	id := w.log.OpenConns("a1")[0].ConnID
 
 	w.proxy.Forget("a1")
-	_, err = br.ReadString('\n')
+	_, err := br.ReadString('\n')
 	assert.Error(t, err, "the connection is still open")
 	r := w.waitRecord(func(r egresslog.Record) bool { return r.ConnID == id && !r.Open })
 	assert.Equal(t, ReasonForgotten, r.Reason)
+}
+
+// greetedOnKernelPath dials the banner service for svc.test through w's
+// proxy, reads its greeting, and waits for the kernel path to take the
+// connection (moved); it returns the connection's reader.
+func greetedOnKernelPath(t *testing.T, w *world, moved <-chan struct{}) *bufio.Reader {
+	t.Helper()
+	w.setNames("svc.test")
+	c := w.dial(w.bannerAddr)
+	t.Cleanup(func() { c.Close() })
+	br := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := br.ReadString('\n')
+	require.NoError(t, err, "banner")
+	awaitMoved(t, moved)
+	return br
 }
 
 // duringMovePath is a KernelPath that calls during after it has taken a
@@ -595,16 +604,9 @@ func TestForgetDuringHandover(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the Forget comes while the kernel path answers
 	}
 	w = newWorld(t, []string{"svc.test:*"}, func(p *Proxy) { p.KernelPath, p.KernelPathAfter = dp, -1 })
-	w.setNames("svc.test")
-	c := w.dial(w.bannerAddr)
-	defer c.Close()
-	br := bufio.NewReader(c)
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err := br.ReadString('\n')
-	require.NoError(t, err, "banner")
-	awaitMoved(t, dp.moved)
+	br := greetedOnKernelPath(t, w, dp.moved)
 
-	_, err = br.ReadString('\n')
+	_, err := br.ReadString('\n')
 	assert.Error(t, err, "the connection is still open")
 	select {
 	case open := <-dp.aborted:

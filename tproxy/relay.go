@@ -336,17 +336,15 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 // handOver offers the connection to the kernel path, as Move does. An
 // abort that comes meanwhile waits for Move's answer, so that it ends a
 // connection the kernel path took through the kernel path's abort, its
-// counts fixed while both sockets are open; one that came before has its
-// resets joined by that abort.
+// counts fixed while both sockets are open. One that came before has
+// closed the sockets: Move refuses them, or the kernel path's wait ends
+// with them.
 func (r *relay) handOver(kernel KernelPath) (wait func() (up, down int64, err error), err error) {
 	r.handing.Lock()
+	defer r.handing.Unlock()
 	wait, stop, err := kernel.Move(r.client.(*net.TCPConn), r.up)
 	if err == nil && stop != nil {
 		r.kernelAbort.Store(&stop)
-	}
-	r.handing.Unlock()
-	if err == nil && stop != nil && r.why.Load() != nil {
-		stop()
 	}
 	return wait, err
 }

@@ -18,13 +18,7 @@ import (
 // tproxy's abort does: Rejudge, Forget, idle sweep, Shutdown) must end Run.
 func TestClosingEndsRunAfterALeftDirection(t *testing.T) {
 	p := newPath(t)
-	client, a, b, server := pairUp(t)
-	require.NoError(t, b.SetWriteBuffer(64<<10))
-	require.NoError(t, server.SetReadBuffer(64<<10))
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	client, a, b, server, _, ran := smallBuffered(t, p, false)
 
 	up := make([]byte, MaxQueued+2<<20) // past MaxQueued: a's direction is left to user space
 	go func() {
@@ -51,45 +45,16 @@ func TestClosingEndsRunAfterALeftDirection(t *testing.T) {
 // arrives once, in order, and is counted once.
 func TestDirectionComesBack(t *testing.T) {
 	p := newPath(t)
-	client, a, b, server := pairUp(t)
-	require.NoError(t, b.SetWriteBuffer(64<<10))
-	require.NoError(t, server.SetReadBuffer(64<<10))
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
-	at := func(off int) byte { return byte(off*7 + off/251) }
-	pattern := func(from, n int) []byte {
-		out := make([]byte, n)
-		for k := range out {
-			out[k] = at(from + k)
-		}
-		return out
-	}
-	receive := func(from, n int) {
-		t.Helper()
-		got := make([]byte, n)
-		server.SetReadDeadline(time.Now().Add(20 * time.Second))
-		_, err := io.ReadFull(server, got)
-		require.NoError(t, err)
-		for off, c := range got {
-			if c != at(from+off) {
-				require.Failf(t, "bytes out of order", "at offset %d", from+off)
-			}
-		}
-	}
+	client, _, _, server, pr, ran := smallBuffered(t, p, false)
 
 	// A burst past MaxQueued to a server that reads nothing for a while.
 	const burst = MaxQueued + 2<<20
-	sent := make(chan error, 1)
-	go func() {
-		client.SetWriteDeadline(time.Now().Add(20 * time.Second))
-		_, err := client.Write(pattern(0, burst))
-		sent <- err
-	}()
+	sent := make(chan int, 1)
+	go func() { sent <- sendStream(client, 0, burst, 20*time.Second) }()
 	time.Sleep(time.Second)
-	receive(0, burst)
-	require.NoError(t, <-sent)
+	n, err := readStream(server, 0, burst, 20*time.Second)
+	require.NoError(t, err, "at %d", n)
+	require.Equal(t, burst, <-sent)
 	require.Eventually(t, func() bool { return pr.relayed[0].Load() > 0 }, 5*time.Second, 10*time.Millisecond,
 		"the burst never left the kernel path: the test shows nothing")
 
@@ -98,15 +63,18 @@ func TestDirectionComesBack(t *testing.T) {
 	before := pr.moved(0)
 	const paced, chunk = 1 << 20, 32 << 10
 	go func() {
-		var err error
-		for off := 0; off < paced && err == nil; off += chunk {
-			_, err = client.Write(pattern(burst+off, chunk))
+		off := burst
+		for ; off < burst+paced; off += chunk {
+			if sendStream(client, off, chunk, 5*time.Second) < chunk {
+				break
+			}
 			time.Sleep(2 * time.Millisecond)
 		}
-		sent <- err
+		sent <- off - burst
 	}()
-	receive(burst, paced)
-	require.NoError(t, <-sent)
+	n, err = readStream(server, burst, paced, 20*time.Second)
+	require.NoError(t, err, "at %d", burst+n)
+	require.Equal(t, paced, <-sent)
 	assert.GreaterOrEqual(t, pr.moved(0)-before, int64(paced-chunk), "the direction stayed in user space after its burst")
 
 	require.NoError(t, client.CloseWrite())

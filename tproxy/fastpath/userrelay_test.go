@@ -64,18 +64,30 @@ func readStream(c *net.TCPConn, from, n int, d time.Duration) (int, error) {
 	return got, nil
 }
 
+// smallBuffered splices a pair with little room outside the kernel path's
+// queue toward the server (64 KiB buffers), and, if towardClient, toward
+// the client too, and runs it.
+func smallBuffered(t *testing.T, p *Path, towardClient bool) (client, a, b, server *net.TCPConn, pr *Pair, ran <-chan runResult) {
+	client, a, b, server = pairUp(t)
+	small := []func(int) error{b.SetWriteBuffer, server.SetReadBuffer}
+	if towardClient {
+		small = append(small, a.SetWriteBuffer, client.SetReadBuffer)
+	}
+	for _, set := range small {
+		require.NoError(t, set(64<<10))
+	}
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	t.Cleanup(pr.Remove)
+	return client, a, b, server, pr, runInBackground(pr, a, b)
+}
+
 // relayedDirection splices a pair whose server reads slowly (small
 // buffers) and sends a burst past MaxQueued, so that the client's
 // direction is relayed in user space, and returns the pair, its Run's
 // result and what the client sent.
 func relayedDirection(t *testing.T, p *Path) (client, a, b, server *net.TCPConn, pr *Pair, ran <-chan runResult, sent int) {
-	client, a, b, server = pairUp(t)
-	require.NoError(t, b.SetWriteBuffer(64<<10))
-	require.NoError(t, server.SetReadBuffer(64<<10))
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	t.Cleanup(pr.Remove)
-	ran = runInBackground(pr, a, b)
+	client, a, b, server, pr, ran = smallBuffered(t, p, false)
 	sent = sendStream(client, 0, MaxQueued+2<<20, 3*time.Second)
 	require.Eventually(t, func() bool { return pr.relayed[0].Load() > 0 || unrelayed(pr, 0) > 0 }, 5*time.Second, 10*time.Millisecond,
 		"the burst never left the kernel path: the test shows nothing")
@@ -163,15 +175,7 @@ func TestAbortWhileRelayWrites(t *testing.T) {
 // pair fails, naming the client's side, and the client is held back.
 func TestBytesBehindAStuckReceiver(t *testing.T) {
 	p := newPath(t)
-	client, a, b, server := pairUp(t)
-	require.NoError(t, client.SetReadBuffer(64<<10))
-	require.NoError(t, a.SetWriteBuffer(64<<10))
-	require.NoError(t, b.SetWriteBuffer(64<<10))
-	require.NoError(t, server.SetReadBuffer(64<<10))
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	client, a, b, server, pr, ran := smallBuffered(t, p, true)
 
 	// The server sends; the client reads none of it.
 	go sendStream(server, 0, 8<<20, 30*time.Second)
@@ -213,15 +217,7 @@ func TestBytesBehindAStuckReceiver(t *testing.T) {
 // endGrace.
 func TestEndBehindAStuckReceiver(t *testing.T) {
 	p := newPath(t)
-	client, a, b, server := pairUp(t)
-	require.NoError(t, client.SetReadBuffer(64<<10))
-	require.NoError(t, a.SetWriteBuffer(64<<10))
-	require.NoError(t, b.SetWriteBuffer(64<<10))
-	require.NoError(t, server.SetReadBuffer(64<<10))
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	client, _, _, server, _, ran := smallBuffered(t, p, true)
 
 	const down, up = 8 << 20, MaxQueued + 4<<20
 	ended := func(c *net.TCPConn, n int) <-chan error {
