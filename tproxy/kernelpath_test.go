@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -618,4 +620,59 @@ func TestForgetDuringHandover(t *testing.T) {
 	assert.Equal(t, ReasonForgotten, r.Reason, "record %+v", r)
 	assert.Equal(t, egresslog.RelayKernel, r.Relay, "record %+v", r)
 	assert.EqualValues(t, len("SSH-2.0-test_banner\r\n"), r.BytesDown, "record %+v", r)
+}
+
+// racePath is a KernelPath that takes a connection whose sockets are
+// both open at Move, noting whether the relay's abort had begun then and
+// whether the abort it gave was called.
+type racePath struct {
+	r                         *relay
+	took, abortBegun, stopped atomic.Bool
+}
+
+func (rp *racePath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), func(), error) {
+	rp.abortBegun.Store(rp.r.why.Load() != nil)
+	if !isOpen(client) || !isOpen(upstream) {
+		return nil, nil, net.ErrClosed
+	}
+	rp.took.Store(true)
+	return func() (int64, int64, error) { return 0, 0, nil }, func() { rp.stopped.Store(true) }, nil
+}
+
+// TestAbortRacingTheHandover: an abort and a handover at once, many
+// times: either the handover finds the sockets closed, or the kernel path
+// that took them is told to abort. An abort that had begun but not yet
+// closed the sockets once let the kernel path take them and never told
+// it, and its counts were not fixed.
+func TestAbortRacingTheHandover(t *testing.T) {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer ln.Close()
+	missed := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; i < 3000 && time.Now().Before(deadline); i++ {
+		var conns []*net.TCPConn
+		for range 2 {
+			c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+			require.NoError(t, err)
+			s, err := ln.AcceptTCP()
+			require.NoError(t, err)
+			conns = append(conns, c, s)
+		}
+		r := newRelay(conns[1], conns[2])
+		rp := &racePath{r: r}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() { <-start; r.abort("policy changed") })
+		wg.Go(func() { <-start; r.handOver(rp) })
+		close(start)
+		wg.Wait()
+		if rp.took.Load() && !rp.stopped.Load() {
+			missed++
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	assert.Zero(t, missed, "times the kernel path took the sockets and was never told to abort")
 }

@@ -38,8 +38,8 @@ type relay struct {
 	paceUp, paceDown *pacer
 	// kernelAbort, while the KernelPath moves the connection, ends it
 	// there, its counts fixed before abort closes the sockets. handing is
-	// held while the KernelPath takes the connection, so that an abort
-	// meanwhile waits to learn whether it took it.
+	// held while the KernelPath takes the connection and while an abort
+	// ends it, so that neither comes in the midst of the other.
 	kernelAbort atomic.Pointer[func()]
 	handing     sync.Mutex
 }
@@ -129,10 +129,11 @@ func (pc *pacer) write(w io.Writer, b []byte) (int, error) {
 // side surfaces as a reset on the other.
 func (r *relay) abort(why string) {
 	r.why.CompareAndSwap(nil, &why)
+	// Under handing, whole: a handover waits for the sockets to be
+	// closed (and Move refuses them), or has given its abort.
 	r.handing.Lock()
-	stop := r.kernelAbort.Load()
-	r.handing.Unlock()
-	if stop != nil {
+	defer r.handing.Unlock()
+	if stop := r.kernelAbort.Load(); stop != nil {
 		(*stop)()
 	}
 	reset(r.client)
@@ -337,8 +338,7 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 // abort that comes meanwhile waits for Move's answer, so that it ends a
 // connection the kernel path took through the kernel path's abort, its
 // counts fixed while both sockets are open. One that came before has
-// closed the sockets: Move refuses them, or the kernel path's wait ends
-// with them.
+// closed the sockets by then: Move refuses them.
 func (r *relay) handOver(kernel KernelPath) (wait func() (up, down int64, err error), err error) {
 	r.handing.Lock()
 	defer r.handing.Unlock()
