@@ -165,11 +165,14 @@ func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnre
 		// does not hold the sender back: past maxUnrelayed, the pair is
 		// failed (its cookie to the overruns ring, for Run) and its bytes
 		// dropped.
-		asm.LoadMem(asm.R2, asm.R7, peerPassedOff, asm.DWord).WithSymbol("bounded"),
-		asm.Sub.Reg(asm.R2, asm.R8),
-		asm.LoadMem(asm.R3, asm.R6, 0, asm.Word), // skb->len
-		asm.Add.Reg(asm.R2, asm.R3),
-		asm.JLE.Imm(asm.R2, maxUnrelayed, "passed"),
+		asm.LoadMem(asm.R1, asm.R7, peerPassedOff, asm.DWord).WithSymbol("bounded"),
+		asm.Sub.Reg(asm.R1, asm.R8),
+		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // skb->len
+		asm.Add.Reg(asm.R1, asm.R2),
+	}
+	verdict = append(verdict, charge("-left")...) // each skb charged its overhead, as queued ones are
+	verdict = append(verdict,
+		asm.JLE.Imm(asm.R1, maxUnrelayed, "passed"),
 		asm.StoreImm(asm.R7, peerUserOff, userOverrun, asm.Word),
 		asm.LoadMapPtr(asm.R1, overruns.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
@@ -209,33 +212,16 @@ func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnre
 		asm.Sub.Reg32(asm.R1, asm.R9),
 		asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // skb->len
 		asm.Add.Reg(asm.R1, asm.R2),
-		// avg_len += (len - avg_len) / 8, as avg_len - avg_len/8 + len/8,
-		// at least 1.
-		asm.LoadMem(asm.R3, asm.R7, peerAvgLenOff, asm.Word),
-		asm.JNE.Imm(asm.R3, 0, "averaged"),
-		asm.Mov.Reg(asm.R3, asm.R2),
-		asm.Ja.Label("clamped"),
-		asm.Mov.Reg(asm.R4, asm.R3).WithSymbol("averaged"),
-		asm.RSh.Imm(asm.R4, 3),
-		asm.Sub.Reg(asm.R3, asm.R4),
-		asm.Mov.Reg(asm.R4, asm.R2),
-		asm.RSh.Imm(asm.R4, 3),
-		asm.Add.Reg(asm.R3, asm.R4),
-		asm.JNE.Imm(asm.R3, 0, "clamped"),
-		asm.Mov.Imm(asm.R3, 1),
-		asm.StoreMem(asm.R7, peerAvgLenOff, asm.R3, asm.Word).WithSymbol("clamped"),
-		// charged = queued + queued * skbOverhead / avg_len
-		asm.Mov.Reg(asm.R4, asm.R1),
-		asm.Mul.Imm(asm.R4, skbOverhead),
-		asm.Div.Reg(asm.R4, asm.R3),
-		asm.Add.Reg(asm.R1, asm.R4),
+	)
+	verdict = append(verdict, charge("")...)
+	verdict = append(verdict,
 		asm.JGT.Imm(asm.R1, MaxQueued, "user"),
 
 		// The bound across all pairs: this direction's charge now takes
 		// the place of what it charged before, in the total; one that
 		// grows past the bound leaves the kernel path.
 		asm.Mov.Reg(asm.R9, asm.R1),
-	}
+	)
 	verdict = append(verdict, lookupTotals(totals, totalsCharged)...)
 	verdict = append(verdict,
 		asm.Mov.Reg(asm.R8, asm.R0), // the total charged
@@ -305,5 +291,34 @@ func lookupTotals(totals *ebpf.Map, key int32) asm.Instructions {
 		asm.LoadMapPtr(asm.R1, totals.FD()),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "user"),
+	}
+}
+
+// charge turns R1, bytes waiting with the skb judged (R2, its length),
+// into their charge, each skb charged skbOverhead more, scaled by the
+// recent skbs' mean length (the skbs waiting are not seen one by one),
+// which it brings up to date: avg_len += (len - avg_len) / 8, as
+// avg_len - avg_len/8 + len/8, at least 1. suffix keeps its labels apart
+// where it is used twice.
+func charge(suffix string) asm.Instructions {
+	return asm.Instructions{
+		asm.LoadMem(asm.R3, asm.R7, peerAvgLenOff, asm.Word),
+		asm.JNE.Imm(asm.R3, 0, "averaged"+suffix),
+		asm.Mov.Reg(asm.R3, asm.R2),
+		asm.Ja.Label("clamped" + suffix),
+		asm.Mov.Reg(asm.R4, asm.R3).WithSymbol("averaged" + suffix),
+		asm.RSh.Imm(asm.R4, 3),
+		asm.Sub.Reg(asm.R3, asm.R4),
+		asm.Mov.Reg(asm.R4, asm.R2),
+		asm.RSh.Imm(asm.R4, 3),
+		asm.Add.Reg(asm.R3, asm.R4),
+		asm.JNE.Imm(asm.R3, 0, "clamped"+suffix),
+		asm.Mov.Imm(asm.R3, 1),
+		asm.StoreMem(asm.R7, peerAvgLenOff, asm.R3, asm.Word).WithSymbol("clamped" + suffix),
+		// charge = bytes + bytes * skbOverhead / avg_len
+		asm.Mov.Reg(asm.R4, asm.R1),
+		asm.Mul.Imm(asm.R4, skbOverhead),
+		asm.Div.Reg(asm.R4, asm.R3),
+		asm.Add.Reg(asm.R1, asm.R4),
 	}
 }

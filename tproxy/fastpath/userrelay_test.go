@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // streamByte is the byte at offset off of a test stream, so that a
@@ -334,4 +335,55 @@ func TestBurstsBothWays(t *testing.T) {
 	t.Logf("moved on the kernel path: %d and %d KiB of %d KiB each way", pr.moved(0)>>10, pr.moved(1)>>10, total>>10)
 	pr.Remove()
 	assert.Zero(t, p.Queued(), "charged after the pair is done")
+}
+
+// TestTinySegmentsBehindAStuckReceiver: what waits behind a receiver that
+// takes none is charged by the skb, as what is queued is: one-byte
+// segments, each costing the kernel a kilobyte or so, fail the pair
+// before its memory grows much (690,000 of them took 300 MiB of slab when
+// only their bytes counted).
+func TestTinySegmentsBehindAStuckReceiver(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server, pr, ran := smallBuffered(t, p, true)
+	go sendStream(server, 0, 8<<20, 30*time.Second) // the client reads none of it
+	time.Sleep(time.Second)
+	sent := sendStream(client, 0, MaxQueued+2<<20, 2*time.Second)
+	require.Positive(t, unrelayed(pr, 0), "the burst never left the kernel path: the test shows nothing")
+	go readStream(server, 0, 1<<30, 20*time.Second)
+	time.Sleep(200 * time.Millisecond)
+
+	require.NoError(t, client.SetNoDelay(true))
+	var fd int
+	require.NoError(t, withFD(client, func(f int) error { fd = f; return nil }))
+	before := slab(t)
+	failed := false
+	for tiny, end := 0, time.Now().Add(20*time.Second); tiny < 1_000_000 && time.Now().Before(end) && !failed; {
+		if tiny%10_000 == 0 && slab(t)-before > 200<<20 {
+			break // shown: stop before the machine feels it
+		}
+		n, err := unix.Write(fd, []byte{streamByte(sent + tiny)})
+		if err != nil && err != unix.EAGAIN {
+			break // reset: the pair failed
+		}
+		tiny += n
+		// Each byte its own segment: the next goes once loopback has
+		// delivered this one, so that autocorking does not join them.
+		for spin := time.Now(); time.Since(spin) < 10*time.Microsecond; {
+		}
+		select {
+		case r := <-ran:
+			var side *SideError
+			assert.ErrorAs(t, r.err, &side)
+			assert.ErrorIs(t, r.err, ErrOverrun)
+			failed = true
+		default:
+		}
+	}
+	grown := slab(t) - before
+	assert.True(t, failed, "the pair was not failed; the kernel's slab grew %d MiB", grown>>20)
+	assert.Less(t, grown, int64(100<<20), "the kernel's slab grew %d MiB", grown>>20)
+	client.SetLinger(0)
+	client.Close()
+	a.Close()
+	b.Close()
 }
