@@ -34,11 +34,18 @@
 // socket whose own sends wait (its receiver takes nothing) has what it
 // receives for user space wait behind them in the kernel's backlog,
 // uncharged, its sender not held back. So the verdict bounds what it has
-// left and Run not yet relayed (the largest receive buffer TCP grants,
-// and MaxQueued more); past it, it drops the bytes and writes the socket
-// to a ring the Path waits on, which fails the pair (ErrOverrun, naming
-// that side) for its caller to reset (TestBytesBehindAStuckReceiver). An
-// end that comes behind such sends waits for them as long as they wait
+// left and Run not yet relayed, each skb charged its overhead as queued
+// ones are (the largest receive buffer TCP grants, and MaxQueued more);
+// past it, it drops the bytes and writes the socket to a ring the Path
+// waits on, which fails the pair (ErrOverrun, naming that side) for its
+// caller to reset (TestBytesBehindAStuckReceiver,
+// TestTinySegmentsBehindAStuckReceiver). The bound is per direction: all
+// pairs together are held to it times the pairs on the path (tproxy's
+// KernelPathPerAgent bounds an agent's). And a direction left to user
+// space that keeps sending faster than its own socket's receiver reads
+// what it is sent (a full-duplex transfer with a slow reader, which a
+// direct connection would slow down) meets it too, and is reset. An end
+// that comes behind such sends waits for them as long as they wait
 // (TestEndBehindAStuckReceiver).
 // The same holds for all pairs together (DefaultMaxQueuedTotal, 256 MiB,
 // Path.SetMaxQueuedTotal): a sandbox's thousands of connections to
