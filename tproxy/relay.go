@@ -37,11 +37,12 @@ type relay struct {
 	// way and wait while the agent is over its byte quota.
 	paceUp, paceDown *pacer
 	// kernelAbort, while the KernelPath moves the connection, ends it
-	// there, its counts fixed before abort closes the sockets. handing is
-	// held while the KernelPath takes the connection and while an abort
-	// ends it, so that neither comes in the midst of the other.
-	kernelAbort atomic.Pointer[func()]
+	// there, its counts fixed before abort closes the sockets. handing
+	// guards it, and is held while the KernelPath takes the connection
+	// and while an abort ends it, so that neither comes in the midst of
+	// the other.
 	handing     sync.Mutex
+	kernelAbort func()
 }
 
 func newRelay(client net.Conn, up *net.TCPConn) *relay {
@@ -133,8 +134,8 @@ func (r *relay) abort(why string) {
 	// closed (and Move refuses them), or has given its abort.
 	r.handing.Lock()
 	defer r.handing.Unlock()
-	if stop := r.kernelAbort.Load(); stop != nil {
-		(*stop)()
+	if r.kernelAbort != nil {
+		r.kernelAbort()
 	}
 	reset(r.client)
 	reset(r.up)
@@ -314,7 +315,7 @@ func (r *relay) run(kernel KernelPath, after int, logger func() *slog.Logger) (u
 			wait, kerr := r.handOver(kernel)
 			if kerr == nil {
 				up, down, err = wait()
-				r.kernelAbort.Store(nil)
+				r.leaveKernel()
 				release()
 				if err != nil {
 					r.abort(kernelFailure(err))
@@ -343,10 +344,18 @@ func (r *relay) handOver(kernel KernelPath) (wait func() (up, down int64, err er
 	r.handing.Lock()
 	defer r.handing.Unlock()
 	wait, stop, err := kernel.Move(r.client.(*net.TCPConn), r.up)
-	if err == nil && stop != nil {
-		r.kernelAbort.Store(&stop)
+	if err == nil {
+		r.kernelAbort = stop
 	}
 	return wait, err
+}
+
+// leaveKernel forgets the kernel path's abort once its wait has
+// returned: the pair is gone.
+func (r *relay) leaveKernel() {
+	r.handing.Lock()
+	defer r.handing.Unlock()
+	r.kernelAbort = nil
 }
 
 // kernelFailure is why a connection failed on the kernel path, said as
