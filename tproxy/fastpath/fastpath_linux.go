@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -403,6 +404,10 @@ func (p *Path) Move(a, b *net.TCPConn) (wait func() (aToB, bToA int64, err error
 	}, pr.Abort, nil
 }
 
+// overrunRetry is how long overrunLoop waits after the ring failed a
+// read, before it reads again.
+const overrunRetry = 100 * time.Millisecond
+
 // overrunRing is the size of the overruns ring: room for 2,048 cookies
 // between two reads, each in its 8-byte header.
 const overrunRing = 32 << 10
@@ -420,10 +425,15 @@ func (p *Path) overrunLoop() {
 	defer close(p.overrunDone)
 	for {
 		rec, err := p.overrunReader.Read()
-		if errors.Is(err, ringbuf.ErrClosed) {
+		switch {
+		case errors.Is(err, ringbuf.ErrClosed):
 			return
-		}
-		if err != nil || len(rec.RawSample) < 8 {
+		case err != nil:
+			// Not a spin: the verdict keeps dropping past the bound and
+			// writes again at the next skb.
+			time.Sleep(overrunRetry)
+			continue
+		case len(rec.RawSample) < 8:
 			continue
 		}
 		cookie := binary.NativeEndian.Uint64(rec.RawSample)

@@ -25,8 +25,9 @@ const (
 )
 
 // userOverrun is a peer's user field once what was left to user space
-// passed the bound on what may wait unrelayed: the pair is being failed,
-// and the verdict drops what comes.
+// passed the bound on what may wait unrelayed and the overruns ring took
+// the socket's cookie: the pair is being failed, and the verdict drops
+// what comes.
 const userOverrun = 2
 
 // peer is a socket's entry in the peers map: where its bytes go, how many
@@ -173,13 +174,17 @@ func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnre
 	verdict = append(verdict, charge("-left")...) // each skb charged its overhead, as queued ones are
 	verdict = append(verdict,
 		asm.JLE.Imm(asm.R1, maxUnrelayed, "passed"),
-		asm.StoreImm(asm.R7, peerUserOff, userOverrun, asm.Word),
+		// Dropped whether or not the ring takes the cookie; marked
+		// overrun only once it has, so that a full ring is tried again
+		// at the next skb and the pair is failed all the same.
 		asm.LoadMapPtr(asm.R1, overruns.FD()),
 		asm.Mov.Reg(asm.R2, asm.RFP),
 		asm.Add.Imm(asm.R2, -8),
 		asm.Mov.Imm(asm.R3, 8),
 		asm.Mov.Imm(asm.R4, 0),
 		asm.FnRingbufOutput.Call(),
+		asm.JNE.Imm(asm.R0, 0, "drop"),
+		asm.StoreImm(asm.R7, peerUserOff, userOverrun, asm.Word),
 		asm.Ja.Label("drop"),
 
 		// The peer's write_seq: what it has taken to send.
