@@ -42,14 +42,15 @@ var allowedDeps = map[string][]string{
 	"internal/httpfwd":   {module + "/netguard"},
 	"internal/redact":    nil,
 	"internal/budget":    nil,
-	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", "github.com/miekg/dns"},
+	"internal/fairlru":   nil,
+	"dnsfilter":          {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/fairlru", "github.com/miekg/dns"},
 	"tproxy":             {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd"},
 	// The redirect rules: a leaf of their own, Linux only.
 	"tproxy/nftrules": {"github.com/google/nftables", "github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"},
 	// The kernel path (a BPF sockmap): apart, Linux only, so that only its
 	// users link cilium/ebpf.
 	"tproxy/fastpath": {"github.com/cilium/ebpf"},
-	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/httpmeter", module + "/internal/httpfwd", module + "/internal/redact"},
+	"mitm":            {module + "/netguard", module + "/policy", module + "/egresslog", module + "/internal/budget", module + "/internal/fairlru", module + "/internal/httpmeter", module + "/internal/httpfwd", module + "/internal/redact"},
 }
 
 // TestDependencyGraph keeps the packages independent: each imports only

@@ -1,7 +1,6 @@
 package mitm
 
 import (
-	"container/list"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+
+	"github.com/agenthold/egress/internal/fairlru"
 )
 
 // Leaf cache defaults.
@@ -37,15 +38,13 @@ type Leaves struct {
 	Size int           // zero means DefaultLeafCache
 
 	mu     sync.Mutex
-	owners map[string]*list.List // each agent's leaves (*leafEntry), most recent first
-	byHost map[string]*list.Element
+	cache  *fairlru.Cache[string, leafEntry] // by host, made at the first store
 	flight singleflight.Group
 }
 
 type leafEntry struct {
-	host, owner string
-	cert        *tls.Certificate
-	expires     time.Time
+	cert    *tls.Certificate
+	expires time.Time
 }
 
 // Get returns the leaf for host, minting it if needed, once however many
@@ -83,16 +82,17 @@ func (l *Leaves) getFor(agent, host string) (*tls.Certificate, error) {
 func (l *Leaves) cached(host string, now time.Time) *tls.Certificate {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	el, ok := l.byHost[host]
+	if l.cache == nil {
+		return nil
+	}
+	e, ok := l.cache.Get(host)
 	if !ok {
 		return nil
 	}
-	e := el.Value.(*leafEntry)
 	if !now.Before(e.expires) {
-		l.removeLocked(el)
+		l.cache.Delete(host)
 		return nil
 	}
-	l.owners[e.owner].MoveToFront(el)
 	return e.cert
 }
 
@@ -107,51 +107,20 @@ func (l *Leaves) store(owner, host string, cert *tls.Certificate, now time.Time)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.byHost == nil {
-		l.byHost, l.owners = map[string]*list.Element{}, map[string]*list.List{}
+	if l.cache == nil {
+		l.cache = fairlru.New[string, leafEntry](size)
 	}
-	if el, ok := l.byHost[host]; ok {
-		l.removeLocked(el)
-	}
-	for len(l.byHost) >= size {
-		l.evictLocked()
-	}
-	leaves := l.owners[owner]
-	if leaves == nil {
-		leaves = list.New()
-		l.owners[owner] = leaves
-	}
-	l.byHost[host] = leaves.PushFront(&leafEntry{host: host, owner: owner, cert: cert, expires: now.Add(ttl)})
-}
-
-// removeLocked drops a cached leaf.
-func (l *Leaves) removeLocked(el *list.Element) {
-	e := el.Value.(*leafEntry)
-	leaves := l.owners[e.owner]
-	leaves.Remove(el)
-	if leaves.Len() == 0 {
-		delete(l.owners, e.owner)
-	}
-	delete(l.byHost, e.host)
-}
-
-// evictLocked drops the least recently used leaf of the agent that holds
-// the most.
-func (l *Leaves) evictLocked() {
-	var most *list.List
-	for _, leaves := range l.owners {
-		if most == nil || leaves.Len() > most.Len() {
-			most = leaves
-		}
-	}
-	l.removeLocked(most.Back())
+	l.cache.Put(owner, host, leafEntry{cert: cert, expires: now.Add(ttl)})
 }
 
 // Len reports how many leaves are cached.
 func (l *Leaves) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.byHost)
+	if l.cache == nil {
+		return 0
+	}
+	return l.cache.Len()
 }
 
 // mintLeaf creates a certificate for host (a name, or an IP address)
