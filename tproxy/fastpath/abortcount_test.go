@@ -21,7 +21,7 @@ import (
 // the reset, unsent. Cut by the server's reset and by the caller's Abort
 // followed at once by closing both sockets, as tproxy does.
 func TestAbortCountsWhatTheSocketTook(t *testing.T) {
-	p := newPath(t)
+	p := newQueueingPath(t)
 	for _, by := range []string{"server reset", "caller abort"} {
 		t.Run(by, func(t *testing.T) {
 			client, a, b, server := pairUp(t)

@@ -58,7 +58,14 @@ type Path struct {
 // New loads the programs and maps for up to pairs connection pairs. It
 // fails without the privilege (CAP_BPF and CAP_NET_ADMIN) or the kernel
 // support, and then the caller keeps the user-space relay.
-func New(pairs int) (*Path, error) {
+func New(pairs int) (*Path, error) { return load(pairs, true) }
+
+// load is New. Without sendRoom, the verdict redirects past the room in
+// the peer's send queue: tests use it to make bytes wait on the kernel
+// path, as they do when TCP, short of memory, does not take into a send
+// queue what it had room for, which is what MaxQueued, the total and the
+// overrun bound are for.
+func load(pairs int, sendRoom bool) (*Path, error) {
 	if pairs <= 0 {
 		return nil, errors.New("fastpath: no pairs")
 	}
@@ -96,18 +103,18 @@ func New(pairs int) (*Path, error) {
 	if err = p.SetMaxQueuedTotal(DefaultMaxQueuedTotal); err != nil {
 		return nil, err
 	}
-	writeSeqOff, err := writeSeqOffset()
+	peerSock, err := tcpSockLayout()
 	if err != nil {
 		return nil, fmt.Errorf("fastpath: %w", err)
 	}
 	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "egress_verdict", Type: ebpf.SkSKB, AttachType: ebpf.AttachSkSKBStreamVerdict,
-		Instructions: verdictProgram(p.targets, p.peers, p.totals, p.resumes, p.overruns, maxUnrelayed(), writeSeqOff), License: programLicense}); err != nil {
+		Instructions: verdictProgram(p.targets, p.peers, p.totals, p.resumes, p.overruns, maxUnrelayed(), peerSock, sendRoom), License: programLicense}); err != nil {
 		return nil, fmt.Errorf("fastpath: verdict program: %w", err)
 	}
 	if err = link.RawAttachProgram(link.RawAttachProgramOptions{Target: p.watched.FD(), Program: p.prog, Attach: ebpf.AttachSkSKBStreamVerdict}); err != nil {
 		return nil, fmt.Errorf("fastpath: attach the verdict: %w", err)
 	}
-	if p.rechargeProg, p.rechargeIter, err = newRecharge(p.senders, p.peers, p.totals, writeSeqOff); err != nil {
+	if p.rechargeProg, p.rechargeIter, err = newRecharge(p.senders, p.peers, p.totals, peerSock.writeSeq); err != nil {
 		return nil, err
 	}
 	if p.watch, err = newWatcher(); err != nil {

@@ -5,6 +5,7 @@ package fastpath
 import (
 	"bytes"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -59,11 +60,20 @@ func runInBackground(pr *Pair, a, b *net.TCPConn) <-chan runResult {
 	return ran
 }
 
-func newPath(t testing.TB) *Path {
+func newPath(t testing.TB) *Path { return loadPath(t, true) }
+
+// newQueueingPath is a Path whose verdict redirects past the room in the
+// peer's send queue, so that bytes wait on the kernel path for a
+// receiver that reads nothing, as they do when TCP, short of memory,
+// does not take what there was room for: where MaxQueued, the total and
+// the overrun bound are met.
+func newQueueingPath(t testing.TB) *Path { return loadPath(t, false) }
+
+func loadPath(t testing.TB, sendRoom bool) *Path {
 	if os.Getuid() != 0 {
 		t.Skip("the kernel path needs root (CAP_BPF, CAP_NET_ADMIN)")
 	}
-	p, err := New(64)
+	p, err := load(64, sendRoom)
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	return p
@@ -331,14 +341,15 @@ func TestSlowReaderHoldsTheSenderBack(t *testing.T) {
 	assert.EqualValues(t, sent, r.up, "bytes counted up")
 }
 
-// TestSlowReaderAfterTheEnd: a server busy for seconds after the client
-// has sent all and half-closed still gets every byte, in order, before the
-// end: below MaxQueued (all in the kernel's queue) and past it (the rest
-// relayed in user space after the queue drains).
+// TestSlowReaderAfterTheEnd: a server busy for seconds while the client
+// sends all and half-closes still gets every byte, in order, before the
+// end: a stream within the room of the server's side's send queue (all
+// on the kernel path) and one past MaxQueued (the rest relayed in user
+// space after the queue drains).
 func TestSlowReaderAfterTheEnd(t *testing.T) {
 	p := newPath(t)
 	at := func(off int) byte { return byte(off*7 + off/251) }
-	for _, size := range []int{MaxQueued / 2, MaxQueued + 1<<20} {
+	for _, size := range []int{32 << 10, MaxQueued + 1<<20} {
 		client, a, b, server := pairUp(t)
 		require.NoError(t, b.SetWriteBuffer(64<<10)) // little room outside the kernel path's queue
 		require.NoError(t, server.SetReadBuffer(64<<10))
@@ -349,14 +360,17 @@ func TestSlowReaderAfterTheEnd(t *testing.T) {
 		for k := range up {
 			up[k] = at(k)
 		}
-		client.SetWriteDeadline(time.Now().Add(10 * time.Second))
-		_, err = client.Write(up)
-		require.NoError(t, err)
-		require.NoError(t, client.CloseWrite())
+		wrote := make(chan error, 1)
+		go func() { // held back once the buffers on the way are full
+			client.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			_, err := client.Write(up)
+			wrote <- errors.Join(err, client.CloseWrite())
+		}()
 		time.Sleep(6 * time.Second) // the server is busy
 		server.SetReadDeadline(time.Now().Add(20 * time.Second))
 		got, err := io.ReadAll(server)
 		require.NoError(t, err)
+		require.NoError(t, <-wrote)
 		require.Equal(t, size, len(got), "the end overtook bytes (%d sent)", size)
 		for off, c := range got {
 			if c != at(off) {

@@ -3,8 +3,8 @@
 package fastpath
 
 import (
-	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -97,23 +97,62 @@ const DefaultMaxQueuedTotal = 256 << 20
 // sk_buff, its shared info and the slab's rounding.
 const skbOverhead = 1 << 10
 
-// writeSeqOffset is where struct tcp_sock keeps write_seq (the sequence
-// number after the last byte queued to send), read from the kernel's BTF.
-func writeSeqOffset() (int16, error) {
+// tcpSock is where struct tcp_sock keeps what the programs read of a
+// peer's socket, read from the kernel's BTF: write_seq (the sequence
+// number after the last byte queued to send), and its struct sock's
+// sk_wmem_queued and sk_sndbuf (what its send queue holds, and may).
+type tcpSock struct {
+	writeSeq, wmemQueued, sndbuf int16
+}
+
+func tcpSockLayout() (tcpSock, error) {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
-		return 0, fmt.Errorf("kernel BTF: %w", err)
+		return tcpSock{}, fmt.Errorf("kernel BTF: %w", err)
 	}
 	var ts *btf.Struct
 	if err := spec.TypeByName("tcp_sock", &ts); err != nil {
-		return 0, fmt.Errorf("kernel BTF: %w", err)
+		return tcpSock{}, fmt.Errorf("kernel BTF: %w", err)
 	}
-	for _, m := range ts.Members {
-		if m.Name == "write_seq" {
-			return int16(m.Offset.Bytes()), nil
+	var l tcpSock
+	for _, f := range []struct {
+		off  *int16
+		path []string
+	}{
+		{&l.writeSeq, []string{"write_seq"}},
+		{&l.wmemQueued, []string{"inet_conn", "icsk_inet", "sk", "sk_wmem_queued"}},
+		{&l.sndbuf, []string{"inet_conn", "icsk_inet", "sk", "sk_sndbuf"}},
+	} {
+		if *f.off, err = memberOffset(ts, f.path); err != nil {
+			return tcpSock{}, fmt.Errorf("kernel BTF: tcp_sock.%s: %w", strings.Join(f.path, "."), err)
 		}
 	}
-	return 0, errors.New("kernel BTF: tcp_sock has no write_seq")
+	return l, nil
+}
+
+// memberOffset is where the member at path (a member of s, then of that
+// member's struct, and so on) lies in s, in bytes.
+func memberOffset(s *btf.Struct, path []string) (int16, error) {
+	var off btf.Bits
+	t := btf.Type(s)
+	for _, name := range path {
+		st, ok := btf.UnderlyingType(t).(*btf.Struct)
+		if !ok {
+			return 0, fmt.Errorf("%s is not in a struct", name)
+		}
+		var m *btf.Member
+		for k := range st.Members {
+			if st.Members[k].Name == name {
+				m = &st.Members[k]
+			}
+		}
+		if m == nil || m.BitfieldSize != 0 {
+			return 0, fmt.Errorf("no member %s", name)
+		}
+		off += m.Offset
+		t = m.Type
+	}
+	return int16(off.Bytes()), nil
 }
 
 // verdictProgram redirects each skb a socket in the map receives to its
@@ -123,7 +162,7 @@ func writeSeqOffset() (int16, error) {
 // socket the peers map does not know, the bytes stay with the socket
 // (SK_PASS), for user space, counted, until what user space has relayed
 // (resumes, by the socket's cookie) is all the verdict left it.
-func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnrelayed int32, writeSeqOff int16) asm.Instructions {
+func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnrelayed int32, peerSock tcpSock, sendRoom bool) asm.Instructions {
 	verdict := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1), // the skb
 		// An skb without data (its end of stream) is not sent on: the
@@ -199,7 +238,12 @@ func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnre
 		asm.Mov.Reg(asm.R1, asm.R8),
 		asm.FnSkcToTcpSock.Call(),
 		asm.JEq.Imm(asm.R0, 0, "release"),
-		asm.LoadMem(asm.R9, asm.R0, writeSeqOff, asm.Word),
+		asm.LoadMem(asm.R9, asm.R0, peerSock.writeSeq, asm.Word),
+		// And the room in its send queue, for what waits to go there.
+		asm.LoadMem(asm.R1, asm.R0, peerSock.sndbuf, asm.Word),
+		asm.LoadMem(asm.R2, asm.R0, peerSock.wmemQueued, asm.Word),
+		asm.Sub.Reg(asm.R1, asm.R2),
+		asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
 		asm.Mov.Reg(asm.R1, asm.R8),
 		asm.FnSkRelease.Call(),
 
@@ -221,7 +265,20 @@ func verdictProgram(targets, peers, totals, resumes, overruns *ebpf.Map, maxUnre
 	verdict = append(verdict, charge("")...)
 	verdict = append(verdict,
 		asm.JGT.Imm(asm.R1, MaxQueued, "user"),
-
+	)
+	if sendRoom {
+		verdict = append(verdict,
+			// What is redirected waits in the peer's backlog until its
+			// send queue takes it, and so does all the peer's socket
+			// receives for user space, behind it, uncharged: redirected
+			// is only what the peer's send queue has room for now, so
+			// that the backlog never waits on a receiver that takes
+			// nothing.
+			asm.LoadMem(asm.R2, asm.RFP, -24, asm.DWord),
+			asm.JSGT.Reg(asm.R1, asm.R2, "user"),
+		)
+	}
+	verdict = append(verdict,
 		// The bound across all pairs: this direction's charge now takes
 		// the place of what it charged before, in the total; one that
 		// grows past the bound leaves the kernel path.

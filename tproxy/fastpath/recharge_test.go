@@ -37,7 +37,7 @@ func smallBuffers(t *testing.T, b, server *net.TCPConn) {
 // its next burst is charged again from there, and once the pair is done
 // nothing is left charged, neither too much nor too little.
 func TestQuietBurstIsRecharged(t *testing.T) {
-	p := newPath(t)
+	p := newQueueingPath(t)
 	client, a, b, server := pairUp(t)
 	smallBuffers(t, b, server)
 	pr, err := p.Splice(a, b)
@@ -74,7 +74,7 @@ func TestQuietBurstIsRecharged(t *testing.T) {
 // gone hold no more than that quarter; a burst still queued stays
 // charged meanwhile.
 func TestRechargeRunsNearTheBound(t *testing.T) {
-	p := newPath(t)
+	p := newQueueingPath(t)
 	const bound = 4 << 20
 	require.NoError(t, p.SetMaxQueuedTotal(bound))
 	client, a, b, server := pairUp(t)

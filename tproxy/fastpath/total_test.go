@@ -19,7 +19,7 @@ import (
 // kernel path; every byte still arrives, in order, and once the pairs
 // are done, nothing stays charged.
 func TestQueuedBoundAcrossPairs(t *testing.T) {
-	p := newPath(t)
+	p := newQueueingPath(t)
 	const bound = 6 << 20
 	require.NoError(t, p.SetMaxQueuedTotal(bound))
 	at := func(off int) byte { return byte(off*7 + off/251) }

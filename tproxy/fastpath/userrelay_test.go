@@ -175,7 +175,7 @@ func TestAbortWhileRelayWrites(t *testing.T) {
 // and TCP's window does not hold the client back. Past maxUnrelayed the
 // pair fails, naming the client's side, and the client is held back.
 func TestBytesBehindAStuckReceiver(t *testing.T) {
-	p := newPath(t)
+	p := newQueueingPath(t)
 	client, a, b, server, pr, ran := smallBuffered(t, p, true)
 
 	// The server sends; the client reads none of it.
@@ -343,7 +343,7 @@ func TestBurstsBothWays(t *testing.T) {
 // before its memory grows much (690,000 of them took 300 MiB of slab when
 // only their bytes counted).
 func TestTinySegmentsBehindAStuckReceiver(t *testing.T) {
-	p := newPath(t)
+	p := newQueueingPath(t)
 	client, a, b, server, pr, ran := smallBuffered(t, p, true)
 	go sendStream(server, 0, 8<<20, 30*time.Second) // the client reads none of it
 	time.Sleep(time.Second)
@@ -386,4 +386,119 @@ func TestTinySegmentsBehindAStuckReceiver(t *testing.T) {
 	client.Close()
 	a.Close()
 	b.Close()
+}
+
+// TestFullDuplexWithASlowReader: a client that uploads far more than any
+// bound, as fast as loopback takes it, while it reads its download at a
+// few MiB/s, gets both whole, in order, as on a direct connection. Its
+// upload outpaces the kernel's redirect and is relayed in part by Run;
+// those bytes must not wait behind its slow download, where nothing
+// holds the client back and the pair would be failed for it.
+func TestFullDuplexWithASlowReader(t *testing.T) {
+	p := newPath(t)
+	client, a, b, server := pairUp(t)
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	t.Cleanup(pr.Remove)
+	ran := runInBackground(pr, a, b)
+
+	const up, down = 256 << 20, 16 << 20
+	errs := make(chan error, 4)
+	send := func(c *net.TCPConn, n int) {
+		if sent := sendStream(c, 0, n, 40*time.Second); sent < n {
+			errs <- fmt.Errorf("sent %d of %d", sent, n)
+			return
+		}
+		errs <- c.CloseWrite()
+	}
+	go send(client, up)
+	go send(server, down)
+	go func() { // the server reads all it gets
+		n, err := readStream(server, 0, up, 40*time.Second)
+		if err != nil {
+			err = fmt.Errorf("upload at %d of %d: %w", n, up, err)
+		}
+		errs <- err
+	}()
+	go func() { // the client reads its download at about 6 MiB/s
+		got := 0
+		for got < down {
+			n, err := readStream(client, got, min(64<<10, down-got), 40*time.Second)
+			got += n
+			if err != nil {
+				errs <- fmt.Errorf("download at %d of %d: %w", got, down, err)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		errs <- nil
+	}()
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	select {
+	case r := <-ran:
+		require.NoError(t, r.err)
+		assert.EqualValues(t, up, r.up)
+		assert.EqualValues(t, down, r.down)
+	case <-time.After(20 * time.Second):
+		require.Fail(t, "Run did not end")
+	}
+	t.Logf("moved on the kernel path: %d of %d KiB up, %d of %d KiB down", pr.moved(0)>>10, up>>10, pr.moved(1)>>10, down>>10)
+}
+
+// TestUploadWhileTheDownloadWaits: a client that reads nothing of what it
+// is sent while it uploads far past every bound has its upload carried
+// whole, and its download after, once it reads, as on a direct
+// connection, and the pair is not failed. What is redirected to the
+// client never waits on its send queue, so the client's bytes left to
+// user space never wait behind it, where nothing charges them
+// (TestBytesBehindAStuckReceiver is that case, met past the send room).
+func TestUploadWhileTheDownloadWaits(t *testing.T) {
+	p := newPath(t)
+	client, _, _, server, _, ran := smallBuffered(t, p, true)
+
+	const up, down = 256 << 20, 8 << 20
+	downDone := make(chan error, 1)
+	go func() {
+		if sent := sendStream(server, 0, down, 40*time.Second); sent < down {
+			downDone <- fmt.Errorf("sent %d of %d", sent, down)
+			return
+		}
+		downDone <- server.CloseWrite()
+	}()
+	time.Sleep(time.Second) // what is sent to the client waits: it reads nothing
+	serverGot := make(chan error, 1)
+	go func() {
+		n, err := readStream(server, 0, up, 30*time.Second)
+		if err != nil {
+			err = fmt.Errorf("at %d of %d: %w", n, up, err)
+		} else if _, err = server.Read(make([]byte, 1)); err == io.EOF {
+			err = nil
+		}
+		serverGot <- err
+	}()
+	sent := sendStream(client, 0, up, 30*time.Second)
+	require.Equal(t, up, sent, "the client's upload stopped")
+	require.NoError(t, client.CloseWrite())
+	require.NoError(t, <-serverGot, "the server's")
+	select {
+	case r := <-ran:
+		require.Fail(t, "the pair ended while the download waits", "%v", r.err)
+	default:
+	}
+
+	n, err := readStream(client, 0, down, 10*time.Second)
+	require.NoError(t, err, "the download, at %d of %d", n, down)
+	_, err = client.Read(make([]byte, 1))
+	assert.Equal(t, io.EOF, err, "after the download")
+	assert.NoError(t, <-downDone)
+	select {
+	case r := <-ran:
+		assert.NoError(t, r.err)
+		assert.EqualValues(t, up, r.up)
+		assert.EqualValues(t, down, r.down)
+	case <-time.After(10 * time.Second):
+		assert.Fail(t, "Run did not end")
+	}
 }
