@@ -15,42 +15,53 @@
 // A sockmap redirect skips TCP's memory accounting: the kernel does not
 // hold a sender back while the receiver is slower, and would queue
 // whatever the sender sends (1.1 GiB in 3 s, here, for a server that read
-// nothing). So the verdict, the one place bytes are redirected, bounds
-// what a direction may have queued and its peer not yet taken (MaxQueued,
-// read from the peer's write_seq, each skb charged its overhead so that
-// one-byte segments are held to as little memory as full ones: a million
-// of them took 1.8 GiB of slab before, 29 MiB now). Past it, the direction leaves the
-// kernel path: its bytes stay on its own socket, charged to the receive
-// buffer so that TCP's window holds the sender back, and Run relays them
-// (TestSlowReaderHoldsTheSenderBack: 13.6 MiB queued in all), each write
-// after the peer has taken what was redirected before. After each write
-// Run tells the verdict how much it has relayed; the verdict counts what
-// it leaves, and once the two agree (every byte left is in the peer's
-// send queue) its next bytes go on the kernel path again, after those, so
-// that one burst does not keep a long connection in the process
+// nothing). So the verdict, the one place bytes are redirected, redirects
+// only what the peer's send queue has room for now (its sk_sndbuf less
+// what it holds, sk_wmem_queued, less what was redirected to it and is
+// not in it yet), and never more than MaxQueued ahead of it (each skb
+// charged its overhead, so that one-byte segments are held to as little
+// memory as full ones: a million of them took 1.8 GiB of slab before,
+// 29 MiB now). Past either, the direction leaves the kernel path: its
+// bytes stay on its own socket, charged to the receive buffer so that
+// TCP's window holds the sender back, and Run relays them
+// (TestSlowReaderHoldsTheSenderBack), each write after the peer has
+// taken what was redirected before. After each write Run tells the
+// verdict how much it has relayed; the verdict counts what it leaves,
+// and once the two agree (every byte left is in the peer's send queue)
+// its next bytes go on the kernel path again, after those, so that one
+// burst does not keep a long connection in the process
 // (TestDirectionComesBack). A sender that stays faster than the kernel's
 // redirect (bulk on loopback) keeps ahead of Run, and its direction stays
-// in user space while it does. One thing escapes the receive buffer: a
-// socket whose own sends wait (its receiver takes nothing) has what it
-// receives for user space wait behind them in the kernel's backlog,
-// uncharged, its sender not held back. So the verdict bounds what it has
-// left and Run not yet relayed, each skb charged its overhead as queued
-// ones are (the largest receive buffer TCP grants, and MaxQueued more);
-// past it, it drops the bytes and writes the socket to a ring the Path
-// waits on, which fails the pair (ErrOverrun, naming that side) for its
-// caller to reset (TestBytesBehindAStuckReceiver,
-// TestTinySegmentsBehindAStuckReceiver). The bound is per direction: all
-// pairs together are held to it times the pairs on the path (tproxy's
-// KernelPathPerAgent bounds an agent's). And a direction left to user
-// space that keeps sending faster than its own socket's receiver reads
-// what it is sent (a full-duplex transfer with a slow reader, which a
-// direct connection would slow down) meets it too, and is reset. An end
-// that comes behind such sends waits for them as long as they wait
-// (TestEndBehindAStuckReceiver).
-// The same holds for all pairs together (DefaultMaxQueuedTotal, 256 MiB,
-// Path.SetMaxQueuedTotal): a sandbox's thousands of connections to
-// servers that read nothing cannot each queue MaxQueued
-// (TestQueuedBoundAcrossPairs). A direction's verdicts run only when it
+// in user space while it does.
+//
+// The room matters beyond memory: what is redirected to a socket waits
+// for its send queue in the socket's backlog, one queue with what the
+// socket receives for user space, and what waits there is charged to
+// nothing. Were redirected bytes to wait on a receiver that takes none,
+// the bytes its own sender sends would wait behind them with TCP's
+// window wide open: a client reading its download slowly while it
+// uploads fast would be failed, or make the kernel hold its upload
+// without end (TestFullDuplexWithASlowReader,
+// TestUploadWhileTheDownloadWaits: a client that reads nothing while it
+// uploads 256 MiB). Redirected only into room, they wait for no receiver.
+// Should TCP, short of memory, not take into a send queue what it had
+// room for, the verdict bounds what it has left and Run not yet relayed,
+// each skb charged its overhead (the largest receive buffer TCP grants,
+// and MaxQueued more); past it, it drops the bytes and writes the socket
+// to a ring the Path waits on, which fails the pair (ErrOverrun, naming
+// that side) for its caller to reset (TestBytesBehindAStuckReceiver,
+// TestTinySegmentsBehindAStuckReceiver, on a Path that redirects past the
+// room to stand for it). That bound is per direction: all pairs together
+// are held to it times the pairs on the path (tproxy's KernelPathPerAgent
+// bounds an agent's). An end that comes behind a socket's own sends
+// waits for them as long as they wait (TestEndBehindAStuckReceiver).
+//
+// What all pairs together have redirected and their peers not yet taken
+// is bounded too (DefaultMaxQueuedTotal, 256 MiB, Path.SetMaxQueuedTotal):
+// should send queues not take what they had room for, a sandbox's
+// thousands of connections could not each hold MaxQueued
+// (TestQueuedBoundAcrossPairs, on a Path that redirects past the room,
+// as the recharge's tests are). A direction's verdicts run only when it
 // sends, so one that queued a burst and fell quiet would stay charged its
 // burst after its peer took it all; while the total charged is past a
 // quarter of the bound, a second program (an iterator over TCP sockets,

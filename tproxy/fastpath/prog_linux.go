@@ -81,7 +81,10 @@ const (
 // redirecting that direction: its bytes go to the socket's own receive
 // queue, where they count against its receive buffer (TCP's window then
 // holds the sender back), and Run relays them in user space until it has
-// relayed all the verdict left it (resumes).
+// relayed all the verdict left it (resumes). The room in the peer's send
+// queue bounds it first (tcp_wmem's largest, 4 MiB by default, and the
+// send queue takes what fits at once); MaxQueued holds whatever the
+// sysctl says.
 const MaxQueued = 4 << 20
 
 // DefaultMaxQueuedTotal bounds what all directions of all pairs may have
@@ -156,8 +159,9 @@ func memberOffset(s *btf.Struct, path []string) (int16, error) {
 }
 
 // verdictProgram redirects each skb a socket in the map receives to its
-// peer's slot in targets, counting its bytes, while the peer has taken
-// all but MaxQueued of what was redirected to it and all directions
+// peer's slot in targets, counting its bytes, while the peer's send
+// queue has room for all that waits to go there, the peer has taken all
+// but MaxQueued of what was redirected to it, and all directions
 // together stay within the bound in totals; past either, and for a
 // socket the peers map does not know, the bytes stay with the socket
 // (SK_PASS), for user space, counted, until what user space has relayed
