@@ -65,6 +65,34 @@ func readStream(c *net.TCPConn, from, n int, d time.Duration) (int, error) {
 	return got, nil
 }
 
+// sendAndEnd sends n bytes of the stream to c within d, then half-closes
+// it, in a goroutine; its error arrives on the channel.
+func sendAndEnd(c *net.TCPConn, n int, d time.Duration) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		if sent := sendStream(c, 0, n, d); sent < n {
+			done <- fmt.Errorf("sent %d of %d", sent, n)
+			return
+		}
+		done <- c.CloseWrite()
+	}()
+	return done
+}
+
+// ranWhole waits up to d for Run to end, and checks that it ended
+// without an error, having moved up and down bytes.
+func ranWhole(t *testing.T, ran <-chan runResult, up, down int, d time.Duration) {
+	t.Helper()
+	select {
+	case r := <-ran:
+		require.NoError(t, r.err)
+		assert.EqualValues(t, up, r.up)
+		assert.EqualValues(t, down, r.down)
+	case <-time.After(d):
+		require.Fail(t, "Run did not end")
+	}
+}
+
 // smallBuffered splices a pair with little room outside the kernel path's
 // queue toward the server (64 KiB buffers), and, if towardClient, toward
 // the client too, and runs it.
@@ -221,20 +249,9 @@ func TestEndBehindAStuckReceiver(t *testing.T) {
 	client, _, _, server, _, ran := smallBuffered(t, p, true)
 
 	const down, up = 8 << 20, MaxQueued + 4<<20
-	ended := func(c *net.TCPConn, n int) <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			if sent := sendStream(c, 0, n, 30*time.Second); sent < n {
-				done <- fmt.Errorf("sent %d of %d", sent, n)
-				return
-			}
-			done <- c.CloseWrite()
-		}()
-		return done
-	}
-	downDone := ended(server, down)
+	downDone := sendAndEnd(server, down, 30*time.Second)
 	time.Sleep(time.Second) // what is sent to the client waits: it reads nothing
-	upDone := ended(client, up)
+	upDone := sendAndEnd(client, up, 30*time.Second)
 	time.Sleep(time.Second) // the server is slow at first: the client's direction leaves the kernel path
 	serverGot := make(chan error, 1)
 	go func() {
@@ -256,14 +273,8 @@ func TestEndBehindAStuckReceiver(t *testing.T) {
 	n, err := readStream(client, 0, down, 10*time.Second)
 	assert.NoError(t, err, "what was sent to the client, at %d of %d", n, down)
 	assert.NoError(t, <-serverGot, "the server's")
-	select {
-	case r := <-ran:
-		assert.NoError(t, r.err)
-		assert.EqualValues(t, up, r.up)
-	case <-time.After(15 * time.Second):
-		assert.Fail(t, "Run did not end")
-	}
 	assert.NoError(t, <-downDone)
+	ranWhole(t, ran, up, down, 15*time.Second)
 }
 
 // TestBurstsBothWays: both directions burst past MaxQueued to receivers
@@ -322,14 +333,7 @@ func TestBurstsBothWays(t *testing.T) {
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
-	select {
-	case r := <-ran:
-		require.NoError(t, r.err)
-		assert.EqualValues(t, total, r.up)
-		assert.EqualValues(t, total, r.down)
-	case <-time.After(10 * time.Second):
-		require.Fail(t, "Run did not end")
-	}
+	ranWhole(t, ran, total, total, 10*time.Second)
 	// Whether a direction comes back depends on Run catching up between
 	// the sender's chunks; most runs here see it more than once.
 	t.Logf("moved on the kernel path: %d and %d KiB of %d KiB each way", pr.moved(0)>>10, pr.moved(1)>>10, total>>10)
@@ -403,16 +407,8 @@ func TestFullDuplexWithASlowReader(t *testing.T) {
 	ran := runInBackground(pr, a, b)
 
 	const up, down = 256 << 20, 16 << 20
-	errs := make(chan error, 4)
-	send := func(c *net.TCPConn, n int) {
-		if sent := sendStream(c, 0, n, 40*time.Second); sent < n {
-			errs <- fmt.Errorf("sent %d of %d", sent, n)
-			return
-		}
-		errs <- c.CloseWrite()
-	}
-	go send(client, up)
-	go send(server, down)
+	upDone, downDone := sendAndEnd(client, up, 40*time.Second), sendAndEnd(server, down, 40*time.Second)
+	errs := make(chan error, 2)
 	go func() { // the server reads all it gets
 		n, err := readStream(server, 0, up, 40*time.Second)
 		if err != nil {
@@ -433,17 +429,10 @@ func TestFullDuplexWithASlowReader(t *testing.T) {
 		}
 		errs <- nil
 	}()
-	for range 4 {
-		require.NoError(t, <-errs)
+	for _, done := range []<-chan error{upDone, downDone, errs, errs} {
+		require.NoError(t, <-done)
 	}
-	select {
-	case r := <-ran:
-		require.NoError(t, r.err)
-		assert.EqualValues(t, up, r.up)
-		assert.EqualValues(t, down, r.down)
-	case <-time.After(20 * time.Second):
-		require.Fail(t, "Run did not end")
-	}
+	ranWhole(t, ran, up, down, 20*time.Second)
 	t.Logf("moved on the kernel path: %d of %d KiB up, %d of %d KiB down", pr.moved(0)>>10, up>>10, pr.moved(1)>>10, down>>10)
 }
 
@@ -459,14 +448,7 @@ func TestUploadWhileTheDownloadWaits(t *testing.T) {
 	client, _, _, server, _, ran := smallBuffered(t, p, true)
 
 	const up, down = 256 << 20, 8 << 20
-	downDone := make(chan error, 1)
-	go func() {
-		if sent := sendStream(server, 0, down, 40*time.Second); sent < down {
-			downDone <- fmt.Errorf("sent %d of %d", sent, down)
-			return
-		}
-		downDone <- server.CloseWrite()
-	}()
+	downDone := sendAndEnd(server, down, 40*time.Second)
 	time.Sleep(time.Second) // what is sent to the client waits: it reads nothing
 	serverGot := make(chan error, 1)
 	go func() {
@@ -493,12 +475,5 @@ func TestUploadWhileTheDownloadWaits(t *testing.T) {
 	_, err = client.Read(make([]byte, 1))
 	assert.Equal(t, io.EOF, err, "after the download")
 	assert.NoError(t, <-downDone)
-	select {
-	case r := <-ran:
-		assert.NoError(t, r.err)
-		assert.EqualValues(t, up, r.up)
-		assert.EqualValues(t, down, r.down)
-	case <-time.After(10 * time.Second):
-		assert.Fail(t, "Run did not end")
-	}
+	ranWhole(t, ran, up, down, 10*time.Second)
 }
