@@ -181,6 +181,20 @@ func TestDNSQueryRate(t *testing.T) {
 	assert.False(t, rec.Allowed)
 }
 
+// TestForgetStartsTheRateAfresh: an agent removed and made again under
+// the same name has its whole burst, not what the removed one left.
+func TestForgetStartsTheRateAfresh(t *testing.T) {
+	w := newBudgetWorld(t, policy.Quotas{DNSQueriesPerSecond: 1}, nil) // bursts of 2
+	for i := range 2 {
+		require.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.1", fmt.Sprintf("r%d.fast.test", i)), "the burst")
+	}
+	require.Equal(t, dns.RcodeRefused, w.ask(t, "127.0.0.1", "r2.fast.test"), "past the burst")
+	w.srv.Forget("hostile")
+	for i := range 2 {
+		assert.Equal(t, dns.RcodeSuccess, w.ask(t, "127.0.0.1", fmt.Sprintf("s%d.fast.test", i)), "the agent made again under the name")
+	}
+}
+
 // TestGatewayLookupsChargeTheirAgent: the gateway's lookups for one agent's
 // connections (a flood of new names) fill that agent's share of the
 // gateway's budget only; a lookup for another agent, or for none, goes on.

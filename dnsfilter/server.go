@@ -203,11 +203,14 @@ func (s *Server) Names(agent string, addr netip.Addr) []string {
 	return s.mem.names(agent, addr, time.Now())
 }
 
-// Forget drops what the server remembers for an agent.
+// Forget drops what the server remembers for an agent: its answers, what
+// it learnt of its names for tunnel detection, and its query rate, so
+// that an agent made later under the same name starts afresh.
 func (s *Server) Forget(agent string) {
 	s.init()
 	s.mem.forgetAgent(agent)
 	s.tunnel.forget(agent)
+	s.rates.Forget(agent)
 }
 
 // ListenAndServe serves DNS over UDP and TCP on addr.

@@ -227,27 +227,32 @@ func (p *Proxy) trackAgentConn(agent string, c net.Conn, cancel context.CancelFu
 // Forget ends every connection the proxy holds for agent: its tunnels,
 // its spliced and intercepted connections, its requests being forwarded
 // (plain HTTP, or by the Interceptor), and those still being judged,
-// dialled or waiting for an approval. Call it when an agent is removed,
-// or its credentials revoked: what it opened before must not outlive it.
+// dialled or waiting for an approval; and drops its rates, so that an
+// agent made later under its name starts with whole bursts. Call it when
+// an agent is removed, or its credentials revoked: what it opened before
+// must not outlive it.
 func (p *Proxy) Forget(agent string) {
 	// Its kept-alive upstream connections first: none may carry a request
 	// of the agent's from now on.
 	p.pools.Forget(agent)
 	p.poolsH2C.Forget(agent)
-	v, ok := p.agentConns.LoadAndDelete(agent) // a removed agent's set goes with it
-	if !ok {
-		return
+	if v, ok := p.agentConns.LoadAndDelete(agent); ok { // a removed agent's set goes with it
+		acs := v.(*connSet).close()
+		// What moves bytes first, all found before any ends, so that each
+		// says why it ended; a relay's upstream too, whatever its client's
+		// side is doing.
+		for _, m := range movingIn(acs) {
+			m.end(ReasonForgotten)
+		}
+		for _, ac := range acs {
+			ac.endConn()
+		}
 	}
-	acs := v.(*connSet).close()
-	// What moves bytes first, all found before any ends, so that each
-	// says why it ended; a relay's upstream too, whatever its client's
-	// side is doing.
-	for _, m := range movingIn(acs) {
-		m.end(ReasonForgotten)
-	}
-	for _, ac := range acs {
-		ac.endConn()
-	}
+	// Its rates last: an agent made later under the same name does not
+	// inherit what this one spent.
+	p.connRates.Forget(agent)
+	p.bytesUp.Forget(agent)
+	p.bytesDown.Forget(agent)
 }
 
 // Rejudge judges again what moves agent's bytes, by the policy its

@@ -98,6 +98,22 @@ func TestConnectionRateQuota(t *testing.T) {
 	assert.Equal(t, "a1", rec.Agent)
 }
 
+// TestForgetStartsTheRateAfresh: an agent removed and made again under
+// the same name (another sandbox, say) has its whole burst, not what the
+// removed one left of it.
+func TestForgetStartsTheRateAfresh(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open, Quotas: policy.Quotas{ConnectionsPerSecond: 1}}) // bursts of 2
+	for range 2 {
+		require.NoError(t, echoThrough2(w), "the burst")
+	}
+	require.Error(t, echoThrough2(w), "past the burst")
+	w.proxy.Forget("a1")
+	for range 2 {
+		assert.NoError(t, echoThrough2(w), "the agent made again under the name")
+	}
+}
+
 func echoThrough2(w *world) error {
 	w.origDst.Store(w.echoAddr)
 	return echoThrough(w.tproxyLn.Addr().String())

@@ -88,6 +88,14 @@ func (r *Rates) Wait(key string, n, rate, burst float64, now time.Time) time.Dur
 	return time.Duration(-b.tokens / rate * float64(time.Second))
 }
 
+// Forget drops key's bucket: the key starts full again, as a new one
+// does. For an agent removed, whose name may be given to another.
+func (r *Rates) Forget(key string) {
+	r.mu.Lock()
+	delete(r.buckets, key)
+	r.mu.Unlock()
+}
+
 // dropIdle drops the buckets that are full again; it reports whether any
 // was.
 func (r *Rates) dropIdle(rate, burst float64, now time.Time) bool {

@@ -37,6 +37,20 @@ func TestRatesBoundKeys(t *testing.T) {
 	assert.LessOrEqual(t, len(r.buckets), 4)
 }
 
+func TestRatesForget(t *testing.T) {
+	var r Rates
+	now := time.Unix(1000, 0)
+	for range 10 {
+		require.True(t, r.Take("a", 1, 5, 10, now))
+	}
+	require.False(t, r.Take("a", 1, 5, 10, now), "the burst is spent")
+	r.Wait("b", 3000, 1000, 1000, now) // a debt of two seconds
+	r.Forget("a")
+	r.Forget("b")
+	assert.True(t, r.Take("a", 10, 5, 10, now), "a forgotten key starts full")
+	assert.Zero(t, r.Wait("b", 1000, 1000, 1000, now), "and owes nothing")
+}
+
 func TestRatesWait(t *testing.T) {
 	var r Rates
 	now := time.Unix(1000, 0)
