@@ -80,10 +80,9 @@ type EgressConfig struct {
 	// gateway holds open, in all and per agent (0: 20000 and 2000).
 	MaxConnections         int `yaml:"max_connections"`
 	MaxConnectionsPerAgent int `yaml:"max_connections_per_agent"`
-	// KernelPath "on" moves passed-through connections' bytes in the
-	// kernel (tproxy/fastpath) where the kernel and the privilege allow
-	// it; "off", the default, relays every connection in user space (see
-	// agenthold.example.yaml for what each costs).
+	// KernelPath "on" asks for the kernel path (tproxy/fastpath), which
+	// stays off for now (fastpath.ErrSockmapDefect, said once in the
+	// log); "off", the default, relays every connection in user space.
 	KernelPath    string          `yaml:"kernel_path"`
 	UpstreamRoots string          `yaml:"upstream_roots"`
 	TokenRefresh  []RefreshConfig `yaml:"token_refresh"`

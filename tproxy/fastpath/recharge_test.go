@@ -108,7 +108,7 @@ func BenchmarkRecharge(b *testing.B) {
 		b.Skip("the kernel path needs root (CAP_BPF, CAP_NET_ADMIN)")
 	}
 	const pairs = 1000
-	p, err := New(pairs)
+	p, err := NewDespiteDefect(pairs)
 	require.NoError(b, err)
 	b.Cleanup(func() { p.Close() })
 	for range pairs {
