@@ -72,6 +72,8 @@ func New(int) (*Path, error) { return nil, ErrSockmapDefect }
 // through a splicing relay. A stream must never carry what it was not
 // sent, so the kernel path stays off until the kernel's defect is found
 // and fixed; NewDespiteDefect loads it where that has been ruled out.
+// BenchmarkScatteredSegments runs that traffic on the kernel path and
+// through a splicing relay, and says how often each broke the stream.
 var ErrSockmapDefect = errors.New("fastpath: off: on this kernel a socket in a sockmap can hand user space bytes it was never sent (see ErrSockmapDefect)")
 
 // NewDespiteDefect loads the programs and maps for up to pairs connection
