@@ -131,7 +131,7 @@ func cmdServe(args []string) error {
 	webhook := fs.String("approval-webhook", "", "under a policy with mode: ask, the control plane's URL asked about each destination no entry allows")
 	webhookSecret := fs.String("approval-secret", "", "the file holding the webhook's HMAC key (required with --approval-webhook)")
 	approvalTimeout := fs.Duration("approval-timeout", approval.DefaultTimeout, "how long a destination waits for the webhook's answer before it is refused")
-	kernelPath := fs.String("kernel-path", "off", "on: move passed-through connections' bytes in the kernel (a BPF sockmap; needs CAP_BPF); off: splice them in user space")
+	kernelPath := fs.String("kernel-path", "off", "on: ask for the kernel path (a BPF sockmap), off for now (fastpath.ErrSockmapDefect: the log says so); off: splice in user space")
 	var public []netip.Prefix
 	fs.Func("public", "a prefix netguard counts as public (repeatable)", func(s string) error {
 		pr, err := netip.ParsePrefix(s)

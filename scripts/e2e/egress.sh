@@ -45,8 +45,7 @@ check "wildcard: never the apex"              refuse alice 'curl -sS https://npm
 check "denied name: NXDOMAIN, not forwarded"  refuse alice 'getent hosts evil.example.org'
 check "denied name: refused by address too"   refuse alice "curl -sS --noproxy '*' --resolve evil.example.org:443:198.18.10.6 https://evil.example.org/"
 check "server-first TCP by resolved name"     expect alice "bash -c 'exec 3<>/dev/tcp/ssh.example.net/22; head -1 <&3'" '^SSH-2.0'
-check "passed through: a download moved in the kernel" bash -c "'$AH' exec alice -- curl -sS -o /dev/null https://registry.npmjs.org/large-blob/-/large-blob-1.0.0.tgz && '$AH' log --json --agent alice --limit 0 | grep '\"host\":\"registry.npmjs.org\"' | grep '\"open\":' -v | grep -q '\"relay\":\"kernel\"'"
-check "passed through: a short answer spliced" bash -c "'$AH' log --json --agent alice --limit 0 | grep '\"host\":\"registry.npmjs.org\"' | grep '\"open\":' -v | grep -q '\"relay\":\"splice\"'"
+check "passed through: a download spliced, the kernel path off" bash -c "'$AH' exec alice -- curl -sS -o /dev/null https://registry.npmjs.org/large-blob/-/large-blob-1.0.0.tgz && recs=\$('$AH' log --json --agent alice --limit 0 | grep '\"host\":\"registry.npmjs.org\"' | grep -v '\"open\":') && grep -q '\"relay\":\"splice\"' <<<\"\$recs\" && ! grep -q '\"relay\":\"kernel\"' <<<\"\$recs\""
 check "placeholder to an unnamed host stays"  expect alice 'curl -sS https://echo.example.com/ -H "Authorization: Bearer $ANTHROPIC_API_KEY"' 'Bearer agenthold-placeholder-'
 check "plain HTTP for bob"                    expect bob 'curl -sS http://www.example.com/' 'Example Domain'
 check "bob has no key"                        expect bob 'echo "[$ANTHROPIC_API_KEY]"' '^\[\]$'
