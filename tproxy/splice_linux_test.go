@@ -6,12 +6,15 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/agenthold/egress/policy"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -117,5 +120,81 @@ func TestStalledReaderHoldsNoPipe(t *testing.T) {
 				require.Failf(t, "bytes out of order", "client %d at offset %d", i, off)
 			}
 		}
+	}
+}
+
+// TestScatteredSegmentsKeepTheStreamWhole: the traffic that breaks a
+// socket in a sockmap (fastpath.ErrSockmapDefect: a server's one-byte
+// segments scattered through its pages, to a client that reads none of
+// them, while the client uploads fast) leaves a stream the proxy relays
+// whole, every byte in its place.
+func TestScatteredSegmentsKeepTheStreamWhole(t *testing.T) {
+	w := newWorld(t, nil, nil)
+	w.setPolicy(policy.Config{Mode: policy.Open})
+	ln := listenLoop(t, "127.0.0.2:0")
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	client := w.dial(addrPortOf(ln.Addr()))
+	server := (<-accepted).(*net.TCPConn)
+	defer server.Close()
+	sinkLn := listenLoop(t, "127.0.0.1:0")
+	other, err := net.Dial("tcp", sinkLn.Addr().String())
+	require.NoError(t, err)
+	defer other.Close()
+	sink, err := sinkLn.Accept()
+	require.NoError(t, err)
+	defer sink.Close()
+	go io.Copy(io.Discard, sink)
+
+	stop, downloaded := make(chan struct{}), make(chan struct{})
+	go func() { // never read by the client
+		defer close(downloaded)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		rs, err := server.SyscallConn()
+		require.NoError(t, err)
+		ro, err := other.(*net.TCPConn).SyscallConn()
+		require.NoError(t, err)
+		for n := 0; n < 1<<20; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			rs.Write(func(fd uintptr) bool { unix.Write(int(fd), []byte{byte(n)}); return true })
+			ro.Write(func(fd uintptr) bool { unix.Write(int(fd), []byte{0}); return true })
+		}
+	}()
+	defer func() { close(stop); <-downloaded }()
+
+	const up = 64 << 20
+	word := func(off int) byte { return byte(off>>3) ^ byte(off) }
+	go func() {
+		buf := make([]byte, 1<<20)
+		client.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		for sent := 0; sent < up; sent += len(buf) {
+			for k := range buf {
+				buf[k] = word(sent + k)
+			}
+			if _, err := client.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	server.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for got := 0; got < up; {
+		n, err := server.Read(buf)
+		for k := range n {
+			if buf[k] != word(got+k) {
+				require.Failf(t, "a byte out of place", "at offset %d of the upload", got+k)
+			}
+		}
+		got += n
+		require.NoError(t, err, "at %d of %d", got, up)
 	}
 }
