@@ -13,7 +13,10 @@
 // direction cannot be redirected (what follows) its bytes are read from
 // the socket so, and no bound that keeps the kernel's memory in check
 // does without that. NewDespiteDefect loads the path for the tests, the
-// benchmarks, and a kernel shown free of the defect.
+// benchmarks, and a kernel shown free of the defect
+// (BenchmarkScatteredSegments shows how often a kernel breaks; tproxy's
+// TestScatteredSegmentsKeepTheStreamWhole holds its relay to the same
+// traffic).
 //
 // Run passes each side's end of stream on as a half-close once every
 // byte before it has left the kernel path, however long the receiver
