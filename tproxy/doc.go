@@ -21,7 +21,8 @@
 // through user space, and there is no original destination to read
 // (OriginalDst is Linux only), so only the explicit proxy serves there
 // unless Proxy.OriginalDst is set. With a Proxy.KernelPath (the package
-// fastpath: a BPF sockmap), a passed-through connection's bytes move
+// fastpath: a BPF sockmap, off for now, fastpath.ErrSockmapDefect), a
+// passed-through connection's bytes move
 // between its two sockets in the kernel once one direction has moved
 // Proxy.KernelPathAfter bytes (an exchange done before then never pays
 // for the move), and no longer cross into the process; relay.run alone

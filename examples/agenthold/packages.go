@@ -22,8 +22,8 @@ import (
 // The fake internet's package registries: an npm registry with one small
 // package, and a Python simple index with one small wheel, so that npm
 // and pip do real installs through the gateway. The npm registry also
-// serves a large download (npmLargePath), one long enough to move to the
-// kernel path.
+// serves a large download (npmLargePath), one long enough that the
+// kernel path would take it, were it on.
 
 // npmPackage is left-pad 1.3.0, as a tarball made at start.
 var npmPackage = mustPack(npmTarball)
