@@ -248,8 +248,9 @@ func (p *Proxy) Forget(agent string) {
 			ac.endConn()
 		}
 	}
-	// Its rates last: an agent made later under the same name does not
-	// inherit what this one spent.
+	// Its rates last, once its connections are told to end: an agent made
+	// later under the same name does not inherit what this one spent (but
+	// for what a relay ending meanwhile charges as it stops).
 	p.connRates.Forget(agent)
 	p.bytesUp.Forget(agent)
 	p.bytesDown.Forget(agent)
