@@ -83,11 +83,11 @@ var ErrSockmapDefect = errors.New("fastpath: off: on this kernel a socket in a s
 // support, and then the caller keeps the user-space relay.
 func NewDespiteDefect(pairs int) (*Path, error) { return load(pairs, true) }
 
-// load is NewDespiteDefect. Without sendRoom, the verdict redirects past the room in
-// the peer's send queue: tests use it to make bytes wait on the kernel
-// path, as they do when TCP, short of memory, does not take into a send
-// queue what it had room for, which is what MaxQueued, the total and the
-// overrun bound are for.
+// load is NewDespiteDefect. Without sendRoom, the verdict redirects
+// past the room in the peer's send queue: tests use it to make bytes wait
+// on the kernel path, as they do when TCP, short of memory, does not take
+// into a send queue what it had room for, which is what MaxQueued, the
+// total and the overrun bound are for.
 func load(pairs int, sendRoom bool) (*Path, error) {
 	if pairs <= 0 {
 		return nil, errors.New("fastpath: no pairs")
