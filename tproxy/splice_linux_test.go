@@ -150,15 +150,15 @@ func TestScatteredSegmentsKeepTheStreamWhole(t *testing.T) {
 	defer sink.Close()
 	go io.Copy(io.Discard, sink)
 
+	rs, err := server.SyscallConn()
+	require.NoError(t, err)
+	ro, err := other.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
 	stop, downloaded := make(chan struct{}), make(chan struct{})
 	go func() { // never read by the client
 		defer close(downloaded)
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		rs, err := server.SyscallConn()
-		require.NoError(t, err)
-		ro, err := other.(*net.TCPConn).SyscallConn()
-		require.NoError(t, err)
 		for n := 0; n < 1<<20; n++ {
 			select {
 			case <-stop:
