@@ -122,10 +122,7 @@ func TestInlineUrgentDataAtTheSplice(t *testing.T) {
 		return n == len("before!after")
 	}, 5*time.Second, time.Millisecond, "the bytes never all arrived")
 
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	_, ran := spliced(t, p, a, b)
 	require.NoError(t, client.CloseWrite())
 	server.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got, err := io.ReadAll(server)

@@ -60,6 +60,15 @@ func runInBackground(pr *Pair, a, b *net.TCPConn) <-chan runResult {
 	return ran
 }
 
+// spliced splices a and b on p, removes the pair at the test's end, and
+// runs it.
+func spliced(t testing.TB, p *Path, a, b *net.TCPConn) (*Pair, <-chan runResult) {
+	pr, err := p.Splice(a, b)
+	require.NoError(t, err)
+	t.Cleanup(pr.Remove)
+	return pr, runInBackground(pr, a, b)
+}
+
 func newPath(t testing.TB) *Path { return loadPath(t, true) }
 
 // newQueueingPath is a Path whose verdict redirects past the room in the
@@ -301,10 +310,7 @@ func TestSpliceWhileBytesFlow(t *testing.T) {
 func TestSlowReaderHoldsTheSenderBack(t *testing.T) {
 	p := newPath(t)
 	client, a, b, server := pairUp(t)
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	_, ran := spliced(t, p, a, b)
 
 	// The stream is a pattern the server can check at every offset.
 	at := func(off int) byte { return byte(off*7 + off/251) }
@@ -515,10 +521,7 @@ func TestIdlePairsHoldNoGoroutine(t *testing.T) {
 func TestClosingEndsRun(t *testing.T) {
 	p := newPath(t)
 	client, a, b, _ := pairUp(t)
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	_, ran := spliced(t, p, a, b)
 	client.Write([]byte("some bytes"))
 	time.Sleep(50 * time.Millisecond)
 	r := abortAndAwait(t, a, b, ran)

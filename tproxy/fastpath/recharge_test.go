@@ -79,10 +79,7 @@ func TestRechargeRunsNearTheBound(t *testing.T) {
 	require.NoError(t, p.SetMaxQueuedTotal(bound))
 	client, a, b, server := pairUp(t)
 	smallBuffers(t, b, server)
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	defer pr.Remove()
-	ran := runInBackground(pr, a, b)
+	_, ran := spliced(t, p, a, b)
 
 	const n = 3 << 20
 	burst(t, p, client, n, bound/4+1<<20)
@@ -91,7 +88,7 @@ func TestRechargeRunsNearTheBound(t *testing.T) {
 	assert.Greater(t, p.Queued(), int64(bound/4+1<<20), "a burst still queued was charged less")
 
 	server.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err = io.ReadFull(server, make([]byte, n))
+	_, err := io.ReadFull(server, make([]byte, n))
 	require.NoError(t, err)
 	assert.Eventually(t, func() bool { return p.Queued() <= bound/4 }, 2*time.Second, 10*time.Millisecond,
 		"a quiet direction's charge was never brought down (%d KiB charged)", p.Queued()>>10)

@@ -105,10 +105,8 @@ func smallBuffered(t *testing.T, p *Path, towardClient bool) (client, a, b, serv
 	for _, set := range small {
 		require.NoError(t, set(64<<10))
 	}
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	t.Cleanup(pr.Remove)
-	return client, a, b, server, pr, runInBackground(pr, a, b)
+	pr, ran = spliced(t, p, a, b)
+	return client, a, b, server, pr, ran
 }
 
 // relayedDirection splices a pair whose server reads slowly (small
@@ -288,9 +286,7 @@ func TestBurstsBothWays(t *testing.T) {
 		require.NoError(t, c.SetReadBuffer(64<<10))
 		require.NoError(t, c.SetWriteBuffer(64<<10))
 	}
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	ran := runInBackground(pr, a, b)
+	pr, ran := spliced(t, p, a, b)
 
 	const cycles, burst, paced, chunk = 3, MaxQueued + 2<<20, 1 << 20, 16 << 10
 	const total = cycles * (burst + paced)
@@ -401,10 +397,7 @@ func TestTinySegmentsBehindAStuckReceiver(t *testing.T) {
 func TestFullDuplexWithASlowReader(t *testing.T) {
 	p := newPath(t)
 	client, a, b, server := pairUp(t)
-	pr, err := p.Splice(a, b)
-	require.NoError(t, err)
-	t.Cleanup(pr.Remove)
-	ran := runInBackground(pr, a, b)
+	pr, ran := spliced(t, p, a, b)
 
 	const up, down = 256 << 20, 16 << 20
 	upDone, downDone := sendAndEnd(client, up, 40*time.Second), sendAndEnd(server, down, 40*time.Second)
