@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Pools keeps each agent's own upstream connections, for the policy they
@@ -18,12 +19,16 @@ import (
 // in use then goes back to the retired pool, which no request takes
 // again: it is kept with the agent's pool until the connections it
 // dialled are closed and no request that took it is still on its way to
-// dial, so that CloseIdle and Forget reach them. A
-// forgotten agent's pools are kept so too, for its requests still under
-// way, until the agent comes back under another policy or they hold no
-// connection. P is the policy's type (tproxy's and mitm's: a
-// *policy.Policy), compared by identity: a policy is never changed in
-// place.
+// dial, so that CloseIdle and Forget reach them. A forgotten agent's
+// pools are kept so too, for its requests still under way, until the
+// agent comes back under another policy or they hold no connection.
+// While any such pool is kept, a sweep closes its idle connections every
+// sweepEvery: one in use when its pool was retired goes idle later
+// (HTTP/2's when its last stream ends, HTTP/1's after a request that
+// took the pool before it was retired has dialled), and would otherwise
+// stay open, under the old policy, for the transport's idle timeout.
+// P is the policy's type (tproxy's and mitm's: a *policy.Policy),
+// compared by identity: a policy is never changed in place.
 type Pools[P comparable] struct {
 	// New makes an agent's pool.
 	New func(agent string) *Transports
@@ -31,7 +36,12 @@ type Pools[P comparable] struct {
 	mu        sync.Mutex
 	m         map[string]*agentPool[P]
 	forgotten map[string]struct{} // agents of m that Forget dropped
+	sweeping  bool                // a sweep is due
 }
+
+// sweepEvery is how often the pools no request takes again are swept of
+// their idle connections.
+const sweepEvery = time.Second
 
 type agentPool[P comparable] struct {
 	pol     P // the policy the pool's connections were dialled under
@@ -82,6 +92,7 @@ func (ps *Pools[P]) take(agent string, pol P) *Transports {
 	old := ap.ts
 	ap.prune()
 	ap.pol, ap.ts, ap.retired = pol, ts, append(ap.retired, old)
+	ps.sweepLater()
 	ps.mu.Unlock()
 	old.CloseIdleConnections()
 	return ts
@@ -100,6 +111,7 @@ func (ps *Pools[P]) Forget(agent string) {
 	ps.mu.Lock()
 	if _, ok := ps.m[agent]; ok {
 		ps.forgotten[agent] = struct{}{}
+		ps.sweepLater()
 	}
 	agents := slices.Collect(maps.Keys(ps.forgotten))
 	ps.mu.Unlock()
@@ -117,6 +129,12 @@ func (ps *Pools[P]) closeIdle(agents []string) {
 		}
 	}
 	ps.mu.Unlock()
+	ps.closeIdleOf(pools, agents)
+}
+
+// closeIdleOf closes pools' idle connections, then prunes agents'
+// retired pools, and drops those of forgotten agents that hold none.
+func (ps *Pools[P]) closeIdleOf(pools []*Transports, agents []string) {
 	for _, ts := range pools {
 		ts.CloseIdleConnections()
 	}
@@ -128,11 +146,57 @@ func (ps *Pools[P]) closeIdle(agents []string) {
 			continue
 		}
 		ap.prune()
-		if _, gone := ps.forgotten[agent]; gone && ap.ts.unused() && len(ap.retired) == 0 {
+		if ps.isForgotten(agent) && ap.ts.unused() && len(ap.retired) == 0 {
 			delete(ps.m, agent)
 			delete(ps.forgotten, agent)
 		}
 	}
+}
+
+// sweepLater has sweep run after sweepEvery, unless it is due already.
+// ps.mu is held.
+func (ps *Pools[P]) sweepLater() {
+	if !ps.sweeping {
+		ps.sweeping = true
+		time.AfterFunc(sweepEvery, ps.sweep)
+	}
+}
+
+// sweep closes the idle connections of the pools no request takes again
+// (retired ones, and all of a forgotten agent's), drops those left with
+// none, and comes again while any is kept. A live agent's own pool keeps
+// its idle connections.
+func (ps *Pools[P]) sweep() {
+	ps.mu.Lock()
+	ps.sweeping = false
+	var pools []*Transports
+	var agents []string
+	for agent, ap := range ps.m {
+		if ps.isForgotten(agent) {
+			pools = append(pools, ap.all()...)
+		} else if len(ap.retired) > 0 {
+			pools = append(pools, ap.retired...)
+		} else {
+			continue
+		}
+		agents = append(agents, agent)
+	}
+	ps.mu.Unlock()
+	ps.closeIdleOf(pools, agents)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, agent := range agents {
+		if ap, ok := ps.m[agent]; ok && (len(ap.retired) > 0 || ps.isForgotten(agent)) {
+			ps.sweepLater()
+			return
+		}
+	}
+}
+
+// isForgotten says whether Forget dropped agent. ps.mu is held.
+func (ps *Pools[P]) isForgotten(agent string) bool {
+	_, gone := ps.forgotten[agent]
+	return gone
 }
 
 // CloseIdleConnections closes every pool's idle connections.
