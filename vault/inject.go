@@ -62,6 +62,9 @@ func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error)
 				return used, &RefusedError{Reason: "revoking a GitHub App installation token the gateway minted"}
 			}
 			tok, err := v.appToken(r.Context(), a.Secret, e, key, appTokenMargin)
+			if err == nil {
+				err = valueRedacted(r.Context(), e.rule, tok.token)
+			}
 			if err != nil {
 				return used, err
 			}
@@ -70,8 +73,8 @@ func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error)
 			continue
 		}
 		value, _, err := v.valueOf(key, e)
-		if err == nil && e.src != nil {
-			err = sourceValueRedacted(r.Context(), e.rule, string(value))
+		if err == nil {
+			err = valueRedacted(r.Context(), e.rule, string(value))
 		}
 		if err != nil {
 			clear(value)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/agenthold/egress/internal/redact"
 )
 
 // TestRefreshSecretNeverInjected: a refresh token's rule sends it only in
@@ -173,6 +175,39 @@ func TestRedactorForms(t *testing.T) {
 	again, err := v.Redactor("a1", "GitHub.com.")
 	require.NoError(t, err)
 	assert.Same(t, r, again, "the redactor is made once per state")
+}
+
+// TestReplacedValueNeverUnredacted: a stored value replaced (by an
+// operator's rotation, or a refresh) after the answer's redactor was
+// made is refused, not sent: the answer would echo it unredacted. Sent
+// again, the request is redacted with the new value.
+func TestReplacedValueNeverUnredacted(t *testing.T) {
+	v, _ := newVault(t)
+	require.NoError(t, v.Set(Secret{Name: "api", Rule: Rule{Hosts: []string{"api.example"}, Header: "Authorization", Template: "Bearer {{.Value}}"}}, []byte("tok-before-0123456789")))
+	a, err := v.Attach("a1", "api", "API_TOKEN")
+	require.NoError(t, err)
+	red, err := v.Redactor("a1", "api.example")
+	require.NoError(t, err)
+	require.NoError(t, v.Replace("api", []byte("tok-after-0123456789")))
+
+	inject := func(red *redact.Replacer) (*http.Request, error) {
+		req := newRequest(t, "https://api.example/", nil)
+		req.Header.Set("Authorization", "Bearer "+a.Placeholder)
+		req = req.WithContext(redact.WithReplacer(req.Context(), red))
+		_, err := v.Inject("a1", req)
+		return req, err
+	}
+	req, err := inject(red)
+	var refused *RefusedError
+	require.ErrorAs(t, err, &refused, "a value the answer's redactor does not know was injected")
+	assert.NotContains(t, req.Header.Get("Authorization"), "tok-after")
+
+	red, err = v.Redactor("a1", "api.example")
+	require.NoError(t, err)
+	req, err = inject(red)
+	require.NoError(t, err)
+	assert.Equal(t, "Bearer tok-after-0123456789", req.Header.Get("Authorization"))
+	assert.Equal(t, "echo "+a.Placeholder, red.String("echo tok-after-0123456789"))
 }
 
 // TestVersion1FilesOpen: a file written before the key id still opens,

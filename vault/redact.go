@@ -139,3 +139,31 @@ func appTokenForms(host string, tok appToken, placeholder string) []redact.Pair 
 	}
 	return pairs
 }
+
+// valueRedacted refuses a value about to be sent that the redactor of the
+// request's answer (redact.WithReplacer on its context) does not redact:
+// the value changed between the two (a source's file, a Replace, a
+// refresh, a new app token), the redactor being made first, and the
+// answer could echo it. Every value Inject sends passes here. A request
+// without a redactor is not checked: nothing of its answer is redacted.
+func valueRedacted(ctx context.Context, rule *compiledRule, value string) error {
+	red := redact.ReplacerFrom(ctx)
+	if red == nil {
+		return nil
+	}
+	parts := []string{value}
+	if rule.Mode == AWSSigV4 {
+		if creds, err := parseAWSValue(value); err == nil {
+			parts = []string{creds.AccessKeyID, creds.SecretAccessKey}
+			if creds.SessionToken != "" {
+				parts = append(parts, creds.SessionToken)
+			}
+		}
+	}
+	for _, part := range parts {
+		if !red.Covers(part) {
+			return &RefusedError{Reason: "a secret's value changed while the request was prepared; send it again"}
+		}
+	}
+	return nil
+}

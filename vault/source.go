@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
-
-	"github.com/agenthold/egress/internal/redact"
 )
 
 // Source is where a secret's value comes from when the vault does not
@@ -256,33 +254,6 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	l.b = append(l.b, p...)
 	return len(p), nil
-}
-
-// sourceValueRedacted refuses a source's value that the redactor of the
-// request's answer (redact.WithReplacer on its context) does not redact:
-// the value changed between the two, the redactor being made first, and
-// the answer could echo it. A request without a redactor is not checked:
-// nothing of its answer is redacted.
-func sourceValueRedacted(ctx context.Context, rule *compiledRule, value string) error {
-	red := redact.ReplacerFrom(ctx)
-	if red == nil {
-		return nil
-	}
-	parts := []string{value}
-	if rule.Mode == AWSSigV4 {
-		if creds, err := parseAWSValue(value); err == nil {
-			parts = []string{creds.AccessKeyID, creds.SecretAccessKey}
-			if creds.SessionToken != "" {
-				parts = append(parts, creds.SessionToken)
-			}
-		}
-	}
-	for _, part := range parts {
-		if !red.Covers(part) {
-			return &RefusedError{Reason: "a secret's value changed while the request was prepared; send it again"}
-		}
-	}
-	return nil
 }
 
 // unwrapPath is a path error's cause without its path, or err.
