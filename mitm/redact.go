@@ -26,10 +26,11 @@ type Replacement = redact.Pair
 // its Replace, is dropped.
 func NewReplacer(rs ...Replacement) *Replacer { return redact.New(rs) }
 
-// SecretForms lists the replacements of value by placeholder in every
-// form an echo could take: raw, JSON-escaped, URL-encoded (query and
-// path), hex and base64 at each alignment. A custom [Redactor] builds
-// its Replacer from these.
+// SecretForms lists the replacements of value by placeholder in the
+// forms an echo commonly takes: raw (and upper- and lower-cased),
+// JSON-escaped, URL-encoded (query and path), hex, and base64 at each
+// alignment (redact.Forms says which are not). A custom [Redactor]
+// builds its Replacer from these.
 func SecretForms(value, placeholder string) []Replacement { return redact.Forms(value, placeholder) }
 
 // Redactor gives, for an exchange of an agent with host, the replacer
@@ -106,8 +107,10 @@ func decoded(resp *http.Response) (io.Reader, error) {
 			}
 		}
 	}
+	// The errors name no coding: the upstream chose them, and it may echo
+	// what the request carried.
 	if len(codings) > 1 {
-		return nil, fmt.Errorf("the response is in encodings %q, which the gateway cannot read to keep secrets out of it", codings)
+		return nil, errors.New("the response is in more than one encoding, which the gateway cannot read to keep secrets out of it")
 	}
 	ce := ""
 	if len(codings) == 1 {
@@ -132,16 +135,38 @@ func decoded(resp *http.Response) (io.Reader, error) {
 		resp.Header.Del("Content-Encoding")
 		return zr, nil
 	default:
-		return nil, fmt.Errorf("the response is in %q encoding, which the gateway cannot read to keep secrets out of it", ce)
+		return nil, errors.New("the response is in an encoding other than gzip and deflate, which the gateway cannot read to keep secrets out of it")
 	}
 }
 
+// redactHeader redacts h in place, as redactedFields does.
 func redactHeader(h http.Header, red *Replacer) {
 	for k, vals := range h {
-		for i, v := range vals {
-			h[k][i] = red.String(v)
+		delete(h, k)
+		if vals, ok := redactedFields(red, k, vals); ok {
+			h[k] = vals
 		}
 	}
+}
+
+// redactedFields is the one judge of a response's header and trailer
+// fields: their values redacted, and ok false for a field to drop, whose
+// name holds a secret's value in any form, or whose values still do in
+// another letter case once redacted. A name is not redacted but dropped:
+// field names are matched without regard to case, and net/http changes
+// theirs (an echo of a query key as a field name comes back
+// capitalised), so no form of the value matches it as it stands.
+func redactedFields(red *Replacer, name string, vals []string) (out []string, ok bool) {
+	if red.ContainsFold(name) {
+		return nil, false
+	}
+	out = make([]string, len(vals))
+	for i, v := range vals {
+		if out[i] = red.String(v); red.ContainsFold(out[i]) {
+			return nil, false
+		}
+	}
+	return out, true
 }
 
 // unseenFields would tell the sandbox the length (or a digest) of a
@@ -184,7 +209,9 @@ func (w *redactingWriter) WriteHeader(code int) {
 	out := w.w.Header()
 	clear(out)
 	for k, vals := range w.h {
-		out[k] = w.redactAll(vals)
+		if vals, ok := redactedFields(w.red, k, vals); ok {
+			out[k] = vals
+		}
 	}
 	for _, k := range unseenFields {
 		out.Del(k)
@@ -193,14 +220,6 @@ func (w *redactingWriter) WriteHeader(code int) {
 		w.wrote = true
 	}
 	w.w.WriteHeader(code)
-}
-
-func (w *redactingWriter) redactAll(vals []string) []string {
-	out := make([]string, len(vals))
-	for i, v := range vals {
-		out[i] = w.red.String(v)
-	}
-	return out
 }
 
 func (w *redactingWriter) Write(b []byte) (int, error) {
@@ -273,13 +292,17 @@ func (w *redactingWriter) trailers() {
 		for k := range strings.SplitSeq(v, ",") {
 			k = http.CanonicalHeaderKey(strings.TrimSpace(k))
 			if vals, ok := w.h[k]; ok && k != "" {
-				out[k] = w.redactAll(vals)
+				if vals, ok := redactedFields(w.red, k, vals); ok {
+					out[k] = vals
+				}
 			}
 		}
 	}
 	for k, vals := range w.h {
 		if strings.HasPrefix(k, http.TrailerPrefix) {
-			out[k] = w.redactAll(vals)
+			if vals, ok := redactedFields(w.red, k, vals); ok {
+				out[k] = vals
+			}
 		}
 	}
 }

@@ -20,6 +20,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/websocket"
+
+	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
+	"github.com/agenthold/egress/vault"
 )
 
 // keyInjector is an adopter's own Injector: it puts the value in
@@ -339,4 +343,83 @@ func TestInjectorWithoutRedactorRefused(t *testing.T) {
 	resp, body := r.get(r.client(serveWith(t, ic, r), false), "https://api.test/", http.Header{"X-Api-Key": {"ph"}})
 	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
 	assert.Equal(t, secretValue, r.upstreamHeader().Get("X-Api-Key"), "NoRedaction still injects")
+}
+
+// TestEchoesInFieldNamesAreDropped: a response field whose name echoes
+// the value (an upstream that turns query keys into headers, as
+// httpbin's /response-headers does, and net/http capitalises), or whose
+// value echoes it in another letter case, is dropped, in the headers,
+// both kinds of trailer, and an upgrade's response head; the response's
+// other fields arrive.
+func TestEchoesInFieldNamesAreDropped(t *testing.T) {
+	var sawValue atomic.Bool
+	r := newRig(t)
+	r.mux.HandleFunc("/names", func(w http.ResponseWriter, req *http.Request) {
+		v := receivedValue(req, &sawValue)
+		w.Header().Set("X-Kept", "yes")
+		switch req.Header.Get("X-Part") {
+		case "header-name":
+			w.Header().Set(v, "1")
+		case "header-value-upper":
+			w.Header().Set("X-Echo", strings.ToUpper(v))
+		case "trailer-name":
+			w.Header().Set("Trailer", v)
+			w.Write([]byte("body\n"))
+			w.Header().Set(v, "t")
+		case "unannounced-trailer-name":
+			w.Write([]byte("body\n"))
+			w.Header().Set(http.TrailerPrefix+v, "t")
+		}
+	})
+	r.mux.Handle("/ws-table", websocket.Server{
+		Handshake: func(cfg *websocket.Config, req *http.Request) error {
+			cfg.Header = http.Header{http.CanonicalHeaderKey(receivedValue(req, &sawValue)): {"1"}, "X-Kept": {"yes"}}
+			return nil
+		},
+		Handler: func(ws *websocket.Conn) {
+			var in []byte
+			websocket.Message.Receive(ws, &in)
+			websocket.Message.Send(ws, "done")
+		},
+	})
+	check := func(t *testing.T, seen string) {
+		assert.True(t, sawValue.Swap(false), "the upstream did not receive the value")
+		assert.NotContains(t, strings.ToLower(seen), secretValue, "the value, in some letter case, reached the sandbox")
+		assert.Contains(t, seen, "X-Kept", "the response's other fields were dropped too")
+	}
+	header := func(part string) http.Header {
+		return http.Header{"X-Part": {part}, "Authorization": {"Bearer " + r.ph}}
+	}
+	for _, h2 := range []bool{false, true} {
+		c := r.client(r.addr, h2)
+		for _, part := range []string{"header-name", "header-value-upper", "trailer-name", "unannounced-trailer-name"} {
+			t.Run(fmt.Sprintf("%s/HTTP2=%v", part, h2), func(t *testing.T) {
+				check(t, seenOver(t, c, "GET", "https://api.test/names", nil, header(part)))
+			})
+		}
+	}
+	t.Run("upgrade-header-name", func(t *testing.T) {
+		check(t, seenOverWebSocket(t, r, r.addr, header("")))
+	})
+}
+
+// TestUnreadableEncodingQuotesNothing: a response whose Content-Encoding
+// echoes the value (in a mixed case the gateway's error would have
+// lower-cased) is refused with a reason that quotes nothing the upstream
+// chose, to the sandbox and in the record.
+func TestUnreadableEncodingQuotesNothing(t *testing.T) {
+	r := newRig(t)
+	const mixed = "Sk-Mixed-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+	require.NoError(t, r.vault.Set(vault.Secret{Name: "mixed", Rule: vault.Rule{Hosts: []string{"api.test"}, Header: "X-Mixed"}}, []byte(mixed)))
+	a, err := r.vault.Attach("a1", "mixed", "MIXED_KEY")
+	require.NoError(t, err)
+	r.mux.HandleFunc("/encoding", func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Encoding", req.Header.Get("X-Mixed")+", gzip")
+		w.Write([]byte("x"))
+	})
+	resp, body := r.get(r.client(r.addr, false), "https://api.test/encoding", http.Header{"X-Mixed": {a.Placeholder}})
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.NotContains(t, strings.ToLower(body), strings.ToLower(mixed), "the answer quoted the value")
+	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Path == "/encoding" })
+	assert.Equal(t, "upstream: "+ReasonRedactFailed+": the response is in more than one encoding, which the gateway cannot read to keep secrets out of it", rec.Reason)
 }

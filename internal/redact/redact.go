@@ -16,6 +16,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/url"
@@ -39,6 +40,7 @@ type Replacer struct {
 	filter []uint64
 	grams  map[uint32][]gramRef
 	starts [256][]int // by first byte, the pairs whose Find begins with it
+	folded []string   // the Find strings lower-cased, for ContainsFold
 }
 
 // gramRef says that pairs[pair].Find has the gram at offset.
@@ -71,6 +73,9 @@ func New(pairs []Pair) *Replacer {
 	r.q = min(4, minLen)
 	r.stride = minLen - r.q + 1
 	for i, p := range kept {
+		if f := strings.ToLower(p.Find); !slices.Contains(r.folded, f) {
+			r.folded = append(r.folded, f)
+		}
 		r.starts[p.Find[0]] = append(r.starts[p.Find[0]], i)
 		for off := 0; off+r.q <= len(p.Find); off++ {
 			g := r.gram(p.Find[off:])
@@ -318,6 +323,23 @@ func (rd *reader) drain(p []byte) (int, error) {
 	return n, nil
 }
 
+// ContainsFold reports whether any Find string occurs in s, both
+// lower-cased: for short text whose letter case a server or net/http may
+// have changed (a header field's name), where String, which matches
+// exactly, cannot be trusted to have found every echo.
+func (r *Replacer) ContainsFold(s string) bool {
+	if r == nil {
+		return false
+	}
+	s = strings.ToLower(s)
+	for _, f := range r.folded {
+		if strings.Contains(s, f) {
+			return true
+		}
+	}
+	return false
+}
+
 // Contains reports whether any Find string occurs in b.
 func (r *Replacer) Contains(b []byte) bool {
 	if r == nil {
@@ -332,18 +354,25 @@ func (r *Replacer) Contains(b []byte) bool {
 }
 
 // Forms returns the pairs that replace value with placeholder in each
-// form a server may echo it in: as it is; JSON-escaped (with and without
-// HTML escaping, and with "\/"); URL-encoded for a query, a form or a
-// path (with upper- and lower-case hexadecimal); and base64 in the
-// standard and URL alphabets, padded, unpadded, and at each of the three
+// form a server may echo it in: as it is, upper-cased and lower-cased;
+// JSON-escaped (with and without HTML escaping, and with "\/");
+// URL-encoded for a query, a form or a path (with upper- and lower-case
+// hexadecimal); hexadecimal, in either case; and base64 in the standard
+// and URL alphabets, padded, unpadded, and at each of the three
 // alignments it can have inside a longer base64 text. Each encoded value
 // is replaced by the placeholder in the same encoding. Forms of the
 // aligned kind shorter than 8 bytes are left out: they would match
-// unrelated text.
+// unrelated text. Not among them: base64 broken into lines, JSON with
+// every character escaped, and other encodings a server could choose
+// for an echo.
 func Forms(value, placeholder string) []Pair {
 	var pairs []Pair
 	add := func(f, r string) { pairs = append(pairs, Pair{f, r}) }
 	add(value, placeholder)
+	add(strings.ToUpper(value), strings.ToUpper(placeholder))
+	add(strings.ToLower(value), strings.ToLower(placeholder))
+	add(hex.EncodeToString([]byte(value)), hex.EncodeToString([]byte(placeholder)))
+	add(strings.ToUpper(hex.EncodeToString([]byte(value))), strings.ToUpper(hex.EncodeToString([]byte(placeholder))))
 	for _, escapeHTML := range []bool{true, false} {
 		v, p := jsonEscape(value, escapeHTML), jsonEscape(placeholder, escapeHTML)
 		add(v, p)

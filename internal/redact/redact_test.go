@@ -2,6 +2,7 @@ package redact
 
 import (
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"math/rand/v2"
@@ -171,6 +172,19 @@ func BenchmarkStream(b *testing.B) {
 	}
 }
 
+// TestContainsFold: a Find string is found in any letter case, and only
+// a Find string is.
+func TestContainsFold(t *testing.T) {
+	r := New(Forms("Sk-Mixed-AbCd0123", "ph-0000000000000000"))
+	assert.True(t, r.ContainsFold("X-Sk-Mixed-Abcd0123"), "a capitalised echo")
+	assert.True(t, r.ContainsFold("sk-mixed-abcd0123"), "a lower-cased echo")
+	assert.True(t, r.ContainsFold("SK-MIXED-ABCD0123 and more"), "an upper-cased echo")
+	assert.False(t, r.ContainsFold("Sk-Mixed-AbCd012"), "a part of it")
+	assert.False(t, r.ContainsFold("ph-0000000000000000"), "the placeholder")
+	var none *Replacer
+	assert.False(t, none.ContainsFold("Sk-Mixed-AbCd0123"))
+}
+
 // TestForms checks that each form a server may echo a value in is found
 // and replaced by the placeholder in the same form.
 func TestForms(t *testing.T) {
@@ -183,6 +197,10 @@ func TestForms(t *testing.T) {
 	jsonHTML := func(s string) string { b, _ := json.Marshal(s); return string(b[1 : len(b)-1]) }
 	for _, f := range []form{
 		{"raw", func(s string) string { return s }},
+		{"upper-case", strings.ToUpper},
+		{"lower-case", strings.ToLower},
+		{"hex", func(s string) string { return hex.EncodeToString([]byte(s)) }},
+		{"upper-case hex", func(s string) string { return strings.ToUpper(hex.EncodeToString([]byte(s))) }},
 		{"JSON", jsonHTML},
 		{"JSON with \\/", func(s string) string { return strings.ReplaceAll(jsonHTML(s), "/", `\/`) }},
 		{"query", url.QueryEscape},
