@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 )
@@ -69,6 +70,7 @@ type judgedRequest struct {
 	upgrade      bool     // it asks for another protocol
 	body         bool     // it has a body
 	bodyOffPost  bool     // a body on a request that is not a POST
+	encoded      bool     // its body's bytes may not be what a server reads (encodedBody)
 	read         bool     // the body was read for its messages: bodyWhy or messages
 	bodyWhy      string   // why the body read cannot be judged, if it cannot
 	messages     []rpcMessage
@@ -80,8 +82,38 @@ func readRequest(r *http.Request, host string, port uint16) *judgedRequest {
 		host: host, port: port, method: r.Method, path: r.URL.EscapedPath(),
 		overrides: overrideMethods(r),
 		upgrade:   r.Header.Get("Upgrade") != "",
+		encoded:   encodedBody(r.Header),
 		body:      body, bodyOffPost: body && r.ContentLength != 0,
 	}
+}
+
+// encodedBody says whether a server may read other JSON than the
+// judge from a body with header h: one in a content coding (body-parser,
+// the TypeScript SDK's, inflates gzip, deflate, br and zstd), or in a
+// charset other than UTF-8 (it decodes UTF-7 too, in which plain ASCII
+// bytes the judge reads as a string's contents spell JSON of their own),
+// or whose type cannot be read at all.
+func encodedBody(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return true
+			}
+		}
+	}
+	types := h.Values("Content-Type")
+	switch {
+	case len(types) == 0:
+		return false // JSON is UTF-8 (RFC 8259)
+	case len(types) > 1:
+		return true
+	}
+	_, params, err := mime.ParseMediaType(types[0])
+	if err != nil {
+		return true
+	}
+	charset, ok := params["charset"]
+	return ok && !strings.EqualFold(charset, "utf-8") && !strings.EqualFold(charset, "utf8")
 }
 
 // readBody reads r's body (up to MaxMCPBody) for its messages, puts back
@@ -141,6 +173,8 @@ func (p *Policy) judgeRequest(req *judgedRequest, read func()) Decision {
 		return d
 	case !req.body:
 		return deny(ReasonMCPNotJSONRPC)
+	case req.encoded:
+		return deny(ReasonMCPEncoded)
 	case !req.read && read == nil:
 		return deny(ReasonMCPNotRead)
 	case !req.read:

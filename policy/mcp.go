@@ -23,7 +23,10 @@ import (
 // against Tools, every other method against Methods
 // (DefaultMCPMethods when none is given), responses to the server's own
 // requests allowed. A body that is not JSON-RPC 2.0, or a batch with one
-// message refused, is refused whole.
+// message refused, is refused whole, and so is one in a content coding
+// or a charset other than UTF-8, in which a server may read other
+// messages from the same bytes. The endpoint is found as a deny entry is:
+// its path in any letter case, with encoded slashes read either way.
 type MCPEndpoint struct {
 	URL     string   `yaml:"url" json:"url"`
 	Tools   []string `yaml:"tools" json:"tools"`
@@ -49,6 +52,7 @@ const (
 	ReasonMCPUnread       = "the MCP message could not be read"
 	ReasonMCPBodyUnjudged = "a body on a request to an MCP endpoint that is not a POST"
 	ReasonMCPUpgrade      = "an MCP endpoint is not upgraded to another protocol"
+	ReasonMCPEncoded      = "the MCP message is not in UTF-8 without a content coding"
 )
 
 // mcpRule is what an MCP endpoint's request entry allows of the messages

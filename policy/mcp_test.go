@@ -2,6 +2,7 @@ package policy
 
 import (
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -221,4 +222,67 @@ func TestRequestJudgementHolesClosed(t *testing.T) {
 	assert.True(t, p.JudgesRequests("API.test.", 443))
 	assert.True(t, p.JudgesRequests("mcp.example.com", 443))
 	assert.False(t, p.JudgesRequests("www.example.com", 443))
+}
+
+// TestMCPBodyInOneReading: a message is judged only when its bytes are
+// what a server reads: UTF-8 JSON, in no content coding. In UTF-7 (which
+// body-parser, the TypeScript SDK's, decodes), bytes the judge reads as
+// one string's contents are JSON of their own, a second tool name among
+// them; a coding hides the message from the judge.
+func TestMCPBodyInOneReading(t *testing.T) {
+	p := mcpPolicy(t)
+	for _, tc := range []struct {
+		header  http.Header
+		allowed bool
+	}{
+		{http.Header{}, true},
+		{http.Header{"Content-Type": {"application/json"}}, true},
+		{http.Header{"Content-Type": {"application/json; charset=utf-8"}}, true},
+		{http.Header{"Content-Type": {"application/json; charset=UTF8"}}, true},
+		{http.Header{"Content-Type": {"application/json"}, "Content-Encoding": {"identity"}}, true},
+		{http.Header{"Content-Type": {"application/json; charset=utf-7"}}, false},
+		{http.Header{"Content-Type": {"application/json; charset=UTF-7-IMAP"}}, false},
+		{http.Header{"Content-Type": {"application/json; charset=iso-8859-1"}}, false},
+		{http.Header{"Content-Type": {"application/json; charset*=utf-8''utf-7"}}, false},
+		{http.Header{"Content-Type": {"application/json; charset=utf-8; charset=utf-7"}}, false},
+		{http.Header{"Content-Type": {"application/json", "application/json; charset=utf-7"}}, false},
+		{http.Header{"Content-Type": {"application/json; charset"}}, false},
+		{http.Header{"Content-Encoding": {"gzip"}}, false},
+		{http.Header{"Content-Encoding": {"identity, br"}}, false},
+		{http.Header{"Content-Encoding": {"identity", "zstd"}}, false},
+	} {
+		r := httptest.NewRequest("POST", "https://mcp.example.com/mcp", strings.NewReader(call("search")))
+		r.Header = tc.header
+		d := p.DecideHTTP(r, "mcp.example.com", 443)
+		assert.Equal(t, tc.allowed, d.Allowed, "%v: %+v", tc.header, d)
+		if !tc.allowed {
+			assert.Equal(t, ReasonMCPEncoded, d.Reason, "%v", tc.header)
+		}
+	}
+}
+
+// TestMCPEndpointInAnyReading: an MCP endpoint is judged at every path a
+// server may take for it (another letter case, a trailing slash, an
+// encoded slash), though another entry allows its host in full; an
+// endpoint written in capitals is found as it is written too.
+func TestMCPEndpointInAnyReading(t *testing.T) {
+	for _, allow := range [][]string{
+		{"*.example.com", "mcp https://mcp.example.com/v1/mcp tools=search"},
+		{"*", "mcp https://mcp.example.com/v1/mcp tools=search"},
+		{"mcp.example.com", "mcp https://mcp.example.com/V1/Mcp tools=search"},
+	} {
+		p, err := New(Config{Allow: allow})
+		require.NoError(t, err)
+		for _, path := range []string{"/v1/mcp", "/V1/MCP", "/v1/Mcp/", "/V1/Mcp", "/v1%2Fmcp", "/v1%2fMCP/"} {
+			r := httptest.NewRequest("POST", "https://mcp.example.com/", strings.NewReader(call("exec")))
+			r.URL.RawPath, r.URL.Path = path, strings.NewReplacer("%2F", "/", "%2f", "/").Replace(path)
+			d := p.DecideHTTP(r, "mcp.example.com", 443)
+			assert.False(t, d.Allowed, "%v: POST %s: %+v", allow, path, d)
+			assert.Equal(t, ReasonMCPTool, d.Reason, "%v: POST %s", allow, path)
+		}
+	}
+	open, err := New(Config{Mode: Open, Allow: []string{"mcp https://mcp.example.com/v1/mcp tools=search"}})
+	require.NoError(t, err)
+	r := httptest.NewRequest("POST", "https://mcp.example.com/V1/MCP", strings.NewReader(call("exec")))
+	assert.Equal(t, ReasonMCPTool, open.DecideHTTP(r, "mcp.example.com", 443).Reason, "in open mode")
 }

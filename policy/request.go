@@ -339,7 +339,7 @@ func (p *Policy) addRequest(c compiledRequest, deny bool) {
 		p.judged = true
 		return
 	case c.rule.mcp != nil:
-		(*rr).mcp.insert(c.segments, c.rule)
+		(*rr).mcp.insert(lowerSegments(c.segments), c.rule)
 		(*rr).judgedHosts = addHostRule((*rr).judgedHosts, c.host.rule)
 		p.judged = true
 	default:
@@ -400,7 +400,8 @@ func addHostRule(rules []rule, r rule) []rule {
 // slash ("%2F") separates segments: a deny entry matches if either
 // reading matches, an allow entry only if both do ("*" matches "a%2Fb"
 // only where "**" would); paths are case-sensitive for an allow entry,
-// and matched in any case for a deny entry. A path that does not normalise cleanly is
+// and matched in any case for a deny entry and an MCP endpoint. A path
+// that does not normalise cleanly is
 // refused on a host with request entries (see appendPath for the rules),
 // and never consulted on others.
 //
@@ -416,22 +417,29 @@ func (p *Policy) DecideRequest(host string, port uint16, method, path string) De
 		return p.finish(Decision{Name: d.Name, Reason: why})
 	}
 	// A deny entry matches the path as read either way: with encoded
-	// slashes inside their segments, or split at them.
-	deny := &requestQuery{method: method, port: port, deny: true}
+	// slashes inside their segments, or split at them; and in any case.
 	lower := lowerSegments(segs)
-	r := p.findRequest(d.Name, deny, lower)
-	if split := splitEncodedSlashes(lower); r == nil && len(split) != len(lower) {
-		if len(split) > MaxPathSegments {
-			return p.finish(Decision{Name: d.Name, Reason: ReasonPathTooDeep})
-		}
-		r = p.findRequest(d.Name, deny, split)
+	split := splitEncodedSlashes(lower)
+	if len(split) > MaxPathSegments {
+		return p.finish(Decision{Name: d.Name, Reason: ReasonPathTooDeep})
 	}
-	if r != nil {
+	find := func(q *requestQuery) *requestRule {
+		r := p.findRequest(d.Name, q, lower)
+		if r == nil && len(split) != len(lower) {
+			r = p.findRequest(d.Name, q, split)
+		}
+		return r
+	}
+	if r := find(&requestQuery{method: method, port: port, deny: true}); r != nil {
 		return p.finish(Decision{Name: d.Name, Rule: r.text, Reason: ReasonDenyEntry})
 	}
 	// An MCP endpoint is its entry's, whatever else allows the host: its
-	// methods only, its messages judged.
-	if r := p.findRequest(d.Name, &requestQuery{port: port, mcp: true}, segs); r != nil {
+	// methods only, its messages judged. It is found as a deny entry is:
+	// a server that folds a path's case (Express) or decodes its encoded
+	// slashes (a handler of Go's r.URL.Path) serves the endpoint at those
+	// paths too, and another entry's allowing them must not skip the
+	// judge.
+	if r := find(&requestQuery{port: port, mcp: true}); r != nil {
 		if !r.methods.has(method, false) {
 			return p.finish(Decision{Name: d.Name, Rule: r.text, Reason: ReasonNoRequestRule})
 		}
@@ -441,7 +449,7 @@ func (p *Policy) DecideRequest(host string, port uint16, method, path string) De
 		return d // the host is allowed in full; its request entries only deny
 	}
 	allow := &requestQuery{method: method, port: port}
-	r = p.findRequest(d.Name, allow, segs)
+	r := p.findRequest(d.Name, allow, segs)
 	if split := splitEncodedSlashes(segs); r != nil && len(split) != len(segs) {
 		// And as a server that decodes encoded slashes reads it, so that
 		// "%2F" cannot stretch a "*" over more than one segment.
