@@ -142,9 +142,10 @@ func decoded(resp *http.Response) (io.Reader, error) {
 // redactHeader redacts h in place, as redactedFields does.
 func redactHeader(h http.Header, red *Replacer) {
 	for k, vals := range h {
-		delete(h, k)
 		if vals, ok := redactedFields(red, k, vals); ok {
 			h[k] = vals
+		} else {
+			delete(h, k)
 		}
 	}
 }

@@ -401,9 +401,8 @@ func addHostRule(rules []rule, r rule) []rule {
 // reading matches, an allow entry only if both do ("*" matches "a%2Fb"
 // only where "**" would); paths are case-sensitive for an allow entry,
 // and matched in any case for a deny entry and an MCP endpoint. A path
-// that does not normalise cleanly is
-// refused on a host with request entries (see appendPath for the rules),
-// and never consulted on others.
+// that does not normalise cleanly is refused on a host with request
+// entries (see appendPath for the rules), and never consulted on others.
 //
 // Deciding a request on a path that needs no decoding allocates nothing.
 func (p *Policy) DecideRequest(host string, port uint16, method, path string) Decision {
