@@ -410,6 +410,21 @@ func cmdPolicySuggest(env *cliEnv, fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// shellQuote is s in single quotes, each of its own closed, escaped and
+// reopened: one word to a POSIX shell, whatever s holds.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// shellWord is s as it is if a POSIX shell takes it as one word with no
+// expansion, else shellQuote(s).
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == "" {
+		return s
+	}
+	return shellQuote(s)
+}
+
 // suggestedSpec is the policy a suggestion makes of current: an allowlist
 // of the suggestion's entries, keeping current's deny entries,
 // private-network setting and quotas.
@@ -423,11 +438,14 @@ func suggestedSpec(current PolicySpec, s policy.Suggestion) PolicySpec {
 	return next
 }
 
-// policySetCommand is the `policy set` command line that sets p.
+// policySetCommand is the `policy set` command line that sets p, each
+// word a POSIX shell takes as it stands: an entry may come from what an
+// agent asked for (a denied name in the console's traffic), and a person
+// pastes the line into a shell.
 func policySetCommand(agent string, p PolicySpec) string {
-	cmd := "agenthold policy set " + agent + " --mode " + p.Mode
+	cmd := "agenthold policy set " + shellWord(agent) + " --mode " + shellWord(p.Mode)
 	for _, e := range p.Allow {
-		cmd += " --allow '" + e + "'"
+		cmd += " --allow " + shellQuote(e)
 	}
 	if p.AllowPrivateNetworks {
 		cmd += " --allow-private"

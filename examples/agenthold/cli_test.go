@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -178,6 +179,27 @@ func TestPolicySetCommandRoundTrip(t *testing.T) {
 	require.NoError(t, fs.Parse(args))
 	assert.Equal(t, want, got())
 	assert.Equal(t, "allowlist github.com *.npmjs.org ssh.example.net:22 !pastebin.com +private connections/s=50 dns/s=-1 bytes-up/s=1e+06", policyText(want))
+}
+
+// TestPolicySetCommandIsShellSafe: a POSIX shell given the printed line
+// passes each entry on as one argument, as it is, whatever quotes,
+// semicolons or expansions an agent put into the name it asked for, and
+// runs nothing else.
+func TestPolicySetCommandIsShellSafe(t *testing.T) {
+	entries := []string{"x';touch pwned;'.test", `x\'&touch${IFS}pwned&#.test`, "$(touch pwned).test", "`touch pwned`", "*.npmjs.org", "!pastebin.com"}
+	cmd := policySetCommand("bob", PolicySpec{Mode: "allowlist", Allow: entries})
+	dir := t.TempDir()
+	sh := exec.Command("sh", "-c", `agenthold() { printf '%s\n' "$@"; }; `+cmd)
+	sh.Dir = dir
+	out, err := sh.Output()
+	require.NoError(t, err, "%s", cmd)
+	want := []string{"policy", "set", "bob", "--mode", "allowlist"}
+	for _, e := range entries {
+		want = append(want, "--allow", e)
+	}
+	assert.Equal(t, want, strings.Split(strings.TrimSuffix(string(out), "\n"), "\n"))
+	_, err = os.Stat(filepath.Join(dir, "pwned"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "the line ran a command of its own")
 }
 
 // TestLogTableInStartOrder: a connection's record, made when it ends,

@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -335,9 +336,21 @@ func (r consoleRecord) MarshalJSON() ([]byte, error) {
 	return append(append(b, cmd...), '}'), nil
 }
 
+// canonicalHost says whether h is a name in its canonical form or an
+// address: what an allow entry is made of. A refused host can be any
+// bytes an agent sent (a CONNECT target, a DNS name), which no line to
+// copy is offered for.
+func canonicalHost(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	n, err := policy.NormalizeName(h)
+	return err == nil && n == h
+}
+
 func (c *console) withAllow(r egresslog.Record) consoleRecord {
 	out := consoleRecord{Record: r}
-	if r.Allowed || r.Host == "" || r.Agent == "" || r.Kind == egresslog.KindApproval {
+	if r.Allowed || !canonicalHost(r.Host) || r.Agent == "" || r.Kind == egresslog.KindApproval {
 		return out
 	}
 	a := c.s.agents.get(r.Agent)

@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -191,6 +192,29 @@ func TestConsoleLiveTraffic(t *testing.T) {
 	data := next()
 	assert.Contains(t, data, `"host":"pastebin.com"`)
 	assert.Contains(t, data, `"allow_command":"agenthold policy set agent0 --mode ask --allow 'github.com' --allow 'pastebin.com'"`)
+}
+
+// TestConsoleOffersNoLineForAMadeUpHost: a denied host that is no
+// canonical name or address (bytes an agent sent as a CONNECT target or a
+// DNS name) is shown, with no line to copy: no allow entry could be made
+// of it, and the line would be pasted into a shell.
+func TestConsoleOffersNoLineForAMadeUpHost(t *testing.T) {
+	w := newConsoleWorld(t, 1)
+	c := w.client()
+	w.login(c)
+	next := w.follow(c, "/traffic/events")
+	for _, host := range []string{"x';id>pwned;'.test", `x\'&touch${IFS}pwned&#.test`, "Upper.Example", "trailing.dot."} {
+		w.s.elog.Record(egresslog.Record{Agent: "agent0", Kind: egresslog.KindConnect, Host: host, Port: 443, Reason: "host is not a valid name or address"})
+		var ev struct {
+			Host    string `json:"host"`
+			Command string `json:"allow_command"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(next()), &ev))
+		assert.Equal(t, host, ev.Host)
+		assert.Empty(t, ev.Command, "a line offered for %q", host)
+	}
+	w.s.elog.Record(egresslog.Record{Agent: "agent0", Kind: egresslog.KindTCP, Host: "203.0.113.7", Port: 22, Reason: policy.ReasonNoRule})
+	assert.Contains(t, next(), `--allow '203.0.113.7:22'`, "an address is an entry")
 }
 
 // follow opens an event stream of the console as c, once it has said it
