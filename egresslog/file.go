@@ -143,13 +143,15 @@ func (s *segmentFile) writeLine(line []byte) error {
 			return err // the line is dropped: the files stay bounded
 		}
 	}
-	if s.chain != nil {
-		line = s.chain.link(line[:len(line)-1])
-	}
-	if len(s.buf)+len(line) > fileBuf {
+	// Flushed before the line is linked: a flush may seal the chain, and
+	// a seal signs the lines before it, not one still to be written.
+	if len(s.buf)+len(line)+chainOverhead(s.chain) > fileBuf {
 		if ferr := s.flush(); ferr != nil {
 			return errors.Join(err, ferr)
 		}
+	}
+	if s.chain != nil {
+		line = s.chain.link(line[:len(line)-1])
 	}
 	s.buf = append(s.buf, line...)
 	return err

@@ -136,25 +136,33 @@ const (
 
 // sanitize bounds the record's strings, escapes their control characters
 // (so no sink, table or metric label ever shows a raw newline that could
-// forge a line), and drops the query string.
+// forge a line), and drops the query string. Each string is its own copy:
+// a caller's is often part of a larger one (a request line, query and
+// all), which a kept record would otherwise hold whole.
 func (r *Record) sanitize() {
 	if i := strings.IndexAny(r.Path, "?#"); i >= 0 {
 		r.Path = r.Path[:i]
 	}
-	r.Agent = truncate(escapeControls(r.Agent), MaxAgentLen)
-	r.Host = truncate(escapeControls(r.Host), MaxHostLen)
-	r.Target = truncate(escapeControls(r.Target), MaxHostLen+6)
-	r.Method = truncate(escapeControls(r.Method), MaxMethodLen)
-	r.Path = truncate(escapeControls(r.Path), MaxPathLen)
-	r.Reason = truncate(escapeControls(r.Reason), MaxReasonLen)
-	r.Rule = truncate(escapeControls(r.Rule), MaxRuleLen)
-	r.Secret = truncate(escapeControls(r.Secret), MaxSecretLen)
-	r.Tool = truncate(escapeControls(r.Tool), MaxToolLen)
-	r.Relay = truncate(escapeControls(r.Relay), 16)
+	r.Agent = bounded(r.Agent, MaxAgentLen)
+	r.Host = bounded(r.Host, MaxHostLen)
+	r.Target = bounded(r.Target, MaxHostLen+6)
+	r.Method = bounded(r.Method, MaxMethodLen)
+	r.Path = bounded(r.Path, MaxPathLen)
+	r.Reason = bounded(r.Reason, MaxReasonLen)
+	r.Rule = bounded(r.Rule, MaxRuleLen)
+	r.Secret = bounded(r.Secret, MaxSecretLen)
+	r.Tool = bounded(r.Tool, MaxToolLen)
+	r.Relay = bounded(r.Relay, 16)
 	if !validTraceParent(r.Trace) {
 		r.Trace = ""
 	}
-	r.Kind = Kind(truncate(escapeControls(string(r.Kind)), 16))
+	r.Kind = Kind(bounded(string(r.Kind), 16))
+}
+
+// bounded is s with its control characters escaped, cut to n bytes, in
+// memory of its own.
+func bounded(s string, n int) string {
+	return strings.Clone(truncate(escapeControls(s), n))
 }
 
 // escapeControls writes ASCII control characters as Go escapes (\n,

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,6 +120,21 @@ func TestSanitize(t *testing.T) {
 	assert.Equal(t, MaxAgentLen, len(r.Agent), "agent bytes")
 	assert.LessOrEqual(t, len(r.Reason), MaxReasonLen, "reason cut badly: too many bytes")
 	assert.True(t, utf8.ValidString(r.Reason), "reason cut badly: invalid UTF-8")
+}
+
+// TestSanitizeKeepsNoCallersString: each field is a copy of its own, so
+// that a kept record holds none of a larger string its value was cut
+// from: a request line, with a query as large as a header may be.
+func TestSanitizeKeepsNoCallersString(t *testing.T) {
+	line := "GET /ok?" + strings.Repeat("q", 60<<10) + " HTTP/1.1"
+	r := Record{Method: line[:3], Path: line[4:], Host: line[4:7], Reason: line[4:10], Tool: line[5:7]}
+	r.sanitize()
+	require.Equal(t, "/ok", r.Path)
+	start := uintptr(unsafe.Pointer(unsafe.StringData(line)))
+	for _, s := range []string{r.Method, r.Path, r.Host, r.Reason, r.Tool} {
+		p := uintptr(unsafe.Pointer(unsafe.StringData(s)))
+		assert.False(t, p >= start && p < start+uintptr(len(line)), "%q is part of the caller's string", s)
+	}
 }
 
 // TestTraceParentKeptOnlyWellFormed: the traceparent a request carried

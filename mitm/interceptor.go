@@ -442,7 +442,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	info, _ := r.Context().Value(connInfoKey{}).(*connInfo)
 	host := httpfwd.HostOnly(r.Host)
-	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.Path,
+	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.EscapedPath(),
 		Trace: r.Header.Get("Traceparent"), ConnID: egresslog.ConnIDFrom(r.Context())}
 	client := httpfwd.NewClient(w, r)
 	defer client.Finish()

@@ -423,3 +423,12 @@ func TestUnreadableEncodingQuotesNothing(t *testing.T) {
 	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Path == "/encoding" })
 	assert.Equal(t, "upstream: "+ReasonRedactFailed+": the response is in more than one encoding, which the gateway cannot read to keep secrets out of it", rec.Reason)
 }
+
+// TestRecordedPathAsSent: an intercepted request's path is recorded as
+// it was sent: decoded, an encoded "?" ended the recorded path there.
+func TestRecordedPathAsSent(t *testing.T) {
+	r := newRig(t)
+	r.get(r.client(r.addr, false), "https://api.test/ok%3F/exfil/c2VjcmV0", nil)
+	rec := testkit.WaitRecord(t, r.log, func(rec egresslog.Record) bool { return rec.Kind == egresslog.KindHTTP })
+	assert.Equal(t, "/ok%3F/exfil/c2VjcmV0", rec.Path)
+}

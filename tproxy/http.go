@@ -119,7 +119,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	client := httpfwd.NewClient(w, r)
 	defer client.Finish()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
-	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.Path, Target: f.connectTarget,
+	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.EscapedPath(), Target: f.connectTarget,
 		Trace: r.Header.Get("Traceparent")}
 	refuse := func(a answer) {
 		client.Answering()

@@ -158,3 +158,17 @@ func TestDenyRequestEntryNotCarriedByAnAddress(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEmpty(t, body)
 }
+
+// TestRecordedPathAsSent: a request's path is recorded as it was sent,
+// escapes and all: decoded, an encoded "?" ended the recorded path there,
+// though the upstream received the rest.
+func TestRecordedPathAsSent(t *testing.T) {
+	w := newWorld(t, []string{"api.test:*"}, nil)
+	c := w.dial(w.httpAddr)
+	fmt.Fprintf(c, "GET /ok%%3F/exfil/c2VjcmV0 HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	rec := w.waitRecord(func(r egresslog.Record) bool { return r.Kind == egresslog.KindHTTP })
+	assert.Equal(t, "/ok%3F/exfil/c2VjcmV0", rec.Path)
+}
