@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -467,12 +468,27 @@ func (b *Broker) resolveLocked(p *pending, a Answer, by, why string) bool {
 	return true
 }
 
+// grant stores g for k. Each time the agent's grants reach another
+// multiple of grantSweep, those expired are dropped first: every refused
+// request leaves a Deny cooldown, and an agent that asks about a new name
+// each time would otherwise make the broker keep all it ever asked,
+// where what it holds should be what is still in force.
 func (b *Broker) grant(k key, g grant) {
-	if b.grants[k.agent] == nil {
-		b.grants[k.agent] = map[key]grant{}
+	gs := b.grants[k.agent]
+	if gs == nil {
+		gs = map[key]grant{}
+		b.grants[k.agent] = gs
 	}
-	b.grants[k.agent][k] = g
+	if len(gs) > 0 && len(gs)%grantSweep == 0 {
+		now := time.Now()
+		maps.DeleteFunc(gs, func(_ key, g grant) bool { return !g.until.IsZero() && now.After(g.until) })
+	}
+	gs[k] = g
 }
+
+// grantSweep is how many grants of an agent's are added between two
+// sweeps of those expired.
+const grantSweep = 64
 
 func refusalReason(why string, a Answer, by string) string {
 	if a == Deny {

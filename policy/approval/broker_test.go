@@ -332,6 +332,28 @@ func TestNoLeakAfterManyRefusals(t *testing.T) {
 		"goroutines: %d before, %d after", before, runtime.NumGoroutine())
 }
 
+// TestExpiredGrantsAreDropped: the Deny cooldowns that requests to ever
+// new names leave behind are dropped once they expire, not kept for the
+// agent's life.
+func TestExpiredGrantsAreDropped(t *testing.T) {
+	b := &Broker{Timeout: time.Millisecond, DenyCooldown: time.Millisecond, AskRate: 1e6, MaxPendingPerAgent: 64, MaxWaitingPerAgent: 64}
+	p := askPolicy(t)
+	var wg sync.WaitGroup
+	for i := range 2000 {
+		wg.Go(func() {
+			name := fmt.Sprintf("n%d.example", i)
+			assert.False(t, policy.Ask(context.Background(), b, "a1", p.Decide(name, 443), 443, "tls", nil).Allowed)
+		})
+		if i%32 == 31 {
+			wg.Wait()
+		}
+	}
+	wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	assert.Less(t, len(b.grants["a1"]), 4*grantSweep, "expired grants kept")
+}
+
 // TestAskingIsBounded: a refused destination is refused at once for a
 // while rather than asked about again; an agent raises requests at a
 // bounded rate; after Close nothing is held.
