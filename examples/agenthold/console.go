@@ -481,6 +481,10 @@ type suggestion struct {
 	Kept           []string
 	Attempted      []policy.SuggestedEntry
 	Command        string
+	// Shown names the policy the page shows (a digest of Command): Apply
+	// sets it only if that is still the suggestion, since what the agent
+	// did meanwhile changes what is suggested.
+	Shown string
 }
 
 func (c *console) suggestFor(agent string) (suggestion, PolicySpec, bool) {
@@ -498,6 +502,8 @@ func (c *console) suggestFor(agent string) (suggestion, PolicySpec, bool) {
 	s := policy.Suggest(obs, policy.SuggestConfig{})
 	next := suggestedSpec(current, s)
 	out := suggestion{Agent: agent, Attempted: s.Attempted, Command: policySetCommand(agent, next)}
+	digest := sha256.Sum256([]byte(out.Command))
+	out.Shown = hex.EncodeToString(digest[:])
 	for _, e := range next.Allow {
 		if slices.Contains(current.Allow, e) {
 			out.Kept = append(out.Kept, e)
@@ -527,9 +533,13 @@ func (c *console) suggestPage(w http.ResponseWriter, r *http.Request, sess conso
 
 func (c *console) applySuggestion(w http.ResponseWriter, r *http.Request, _ consoleSession) {
 	agent := r.PostFormValue("agent")
-	_, next, ok := c.suggestFor(agent)
+	s, next, ok := c.suggestFor(agent)
 	if !ok {
 		http.Error(w, "no such agent", http.StatusNotFound)
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(s.Shown), []byte(r.PostFormValue("shown"))) != 1 {
+		http.Error(w, "the suggestion changed since it was shown (the agent did more meanwhile): look at it again", http.StatusConflict)
 		return
 	}
 	if err := c.s.setPolicy(agent, next); err != nil {

@@ -263,9 +263,38 @@ func TestConsoleAppliesASuggestion(t *testing.T) {
 	_, page := w.do(c, "GET", "/suggest?agent=agent0", nil)
 	assert.Contains(t, page, `<span class="added">+ registry.npmjs.org</span>`)
 	assert.Contains(t, page, `<span class="removed">- github.com</span>`)
-	resp, _ := w.do(c, "POST", "/suggest", url.Values{"agent": {"agent0"}, "csrf": {csrf}})
+	resp, _ := w.do(c, "POST", "/suggest", url.Values{"agent": {"agent0"}, "csrf": {csrf}, "shown": {shownOn(t, page)}})
 	assert.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Equal(t, []string{"registry.npmjs.org"}, w.s.agents.specOf(w.s.agents.get("agent0")).Policy.Allow)
+}
+
+// TestConsoleAppliesOnlyWhatItShowed: a suggestion that changed after
+// its page was shown (the agent, in report mode, reached another host
+// meanwhile) is not applied: the person confirmed what they saw.
+func TestConsoleAppliesOnlyWhatItShowed(t *testing.T) {
+	w := newConsoleWorld(t, 1)
+	require.NoError(t, w.s.setPolicy("agent0", PolicySpec{Mode: "allowlist", Report: true, Allow: []string{"github.com"}}))
+	w.s.elog.Record(egresslog.Record{Agent: "agent0", Kind: egresslog.KindTLS, Host: "github.com", Port: 443, Allowed: true})
+	w.s.elog.Record(egresslog.Record{Agent: "agent0", Kind: egresslog.KindTLS, Host: "pypi.org", Port: 443, Allowed: true, Report: true, Reason: policy.ReasonNoRule})
+	c := w.client()
+	csrf := w.login(c)
+	_, page := w.do(c, "GET", "/suggest?agent=agent0", nil)
+	require.Contains(t, page, "pypi.org")
+	w.s.elog.Record(egresslog.Record{Agent: "agent0", Kind: egresslog.KindTLS, Host: "exfil.example.net", Port: 443, Allowed: true, Report: true, Reason: policy.ReasonNoRule})
+	resp, _ := w.do(c, "POST", "/suggest", url.Values{"csrf": {csrf}, "agent": {"agent0"}, "shown": {shownOn(t, page)}})
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+	assert.Equal(t, []string{"github.com"}, w.s.agents.specOf(w.s.agents.get("agent0")).Policy.Allow, "a policy the person never saw was set")
+	resp, _ = w.do(c, "POST", "/suggest", url.Values{"csrf": {csrf}, "agent": {"agent0"}})
+	assert.Equal(t, http.StatusConflict, resp.StatusCode, "applied with no suggestion named")
+}
+
+// shownOn is the suggestion a suggestions page names for its Apply.
+func shownOn(t *testing.T, page string) string {
+	t.Helper()
+	_, after, ok := strings.Cut(page, `name="shown" value="`)
+	require.True(t, ok, "no suggestion named on the page")
+	shown, _, _ := strings.Cut(after, `"`)
+	return shown
 }
 
 // BenchmarkConsolePages renders each page with 100 agents and 5,000
