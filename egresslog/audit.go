@@ -24,9 +24,13 @@ import (
 // N, and with it every line before. A seal ends each file, and is written
 // at most once a second (DefaultSealEvery) whenever the file is written
 // out, so that a crash leaves few lines unsealed. A file begins with a
-// segment line chained to the last line of the one before. A person
-// without the key can change, remove, reorder or add lines only where no
-// seal covers them, at the end, and Verify says where.
+// segment line chained to the last line of the one before, and Verify
+// takes a file whose first chained line is not one as cut at its start.
+// A person without the key can change, remove, reorder or add lines
+// without Verify saying where only at the end, where no seal covers
+// them; lines cut from the end, seals and all, leave an honest-looking
+// trail that only a witness outside the files (the count of lines
+// written, kept elsewhere) tells apart.
 
 // DefaultSealEvery is how often, at most, an audited file is sealed as it
 // is written out.
@@ -43,6 +47,7 @@ type chain struct {
 	prev     [32]byte
 	unsealed bool // lines since the last seal
 	sealed   time.Time
+	inFile   bool // the current file holds a chained line: it began with a segment line
 }
 
 // link chains a line (JSON object, no newline): it appends the line's
@@ -79,14 +84,28 @@ func sealMessage(seq uint64, hash [32]byte) []byte {
 }
 
 // resume takes up the chain of an existing file from its last whole
-// chained line, so that a restarted gateway continues it.
+// chained line, so that a restarted gateway continues it; or, when the
+// file holds none (a crash came between a rotation and the new file's
+// first write), from the last of the file rotated before it.
 func (c *chain) resume(path string) error {
+	found, err := c.resumeFrom(path)
+	if err != nil || found {
+		c.inFile = found
+		return err
+	}
+	_, err = c.resumeFrom(path + ".1")
+	return err
+}
+
+// resumeFrom takes up the chain from the last whole chained line of the
+// file at path, if it has one.
+func (c *chain) resumeFrom(path string) (found bool, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -94,15 +113,16 @@ func (c *chain) resume(path string) error {
 	for sc.Scan() {
 		var l auditLine
 		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Chain != nil {
-			c.seq, c.prev = *l.Chain, sha256.Sum256(sc.Bytes())
+			c.seq, c.prev, found = *l.Chain, sha256.Sum256(sc.Bytes()), true
 		}
 	}
-	return sc.Err()
+	return found, sc.Err()
 }
 
 // auditLine is what Verify reads of a line.
 type auditLine struct {
-	Chain *uint64 `json:"chain"`
+	Segment bool    `json:"segment"`
+	Chain   *uint64 `json:"chain"`
 	Prev  string  `json:"prev"`
 	Seal  *uint64 `json:"seal"`
 	Hash  string  `json:"hash"`
@@ -163,6 +183,7 @@ func Verify(pub ed25519.PublicKey, paths ...string) (Verification, error) {
 
 func (v *Verification) verifyFile(r io.Reader, path string, pub ed25519.PublicKey, prev *[32]byte, seq *uint64, started *bool, pending *[]Place) error {
 	br := bufio.NewReader(r)
+	first := true // no chained line of this file read yet
 	for n := 1; ; n++ {
 		line, err := br.ReadBytes('\n')
 		if len(line) == 0 && err == io.EOF {
@@ -190,6 +211,10 @@ func (v *Verification) verifyFile(r io.Reader, path string, pub ed25519.PublicKe
 			v.Problems = append(v.Problems, Problem{at, "a line without its place in the chain (added)"})
 		default:
 			v.Lines++
+			if first && !l.Segment {
+				v.Problems = append(v.Problems, Problem{at, "the file does not begin with its segment line (lines removed before this one)"})
+			}
+			first = false
 			if *started {
 				switch {
 				case *l.Chain <= *seq:

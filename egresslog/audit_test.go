@@ -86,6 +86,93 @@ func TestBusyAuditTrailVerifies(t *testing.T) {
 	assert.Equal(t, v.Lines, v.Sealed)
 }
 
+// TestTornLineThenRestart: a gateway restarted after a crash cut its last
+// write short cuts the unfinished line, so that the records written next
+// are whole lines and the trail verifies.
+func TestTornLineThenRestart(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	write := func(hosts ...string) {
+		sink, err := JSONFile{Path: path, Seal: key}.Open()
+		require.NoError(t, err)
+		for _, h := range hosts {
+			require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindTLS, Host: h, Allowed: true}))
+		}
+		require.NoError(t, sink.Close())
+	}
+	write("before0.example", "before1.example")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.WriteString(`{"seq":99,"time":"2026-01-01T00:00:00Z","agent":"a1","ki`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	write("after0.example", "after1.example")
+
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.NotContains(t, string(data), `"seq":99`, "the unfinished line was kept")
+	var hosts []string
+	for line := range strings.SplitSeq(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if r, err := ParseJSON([]byte(line)); err == nil {
+			hosts = append(hosts, r.Host)
+		}
+	}
+	assert.Equal(t, []string{"before0.example", "before1.example", "after0.example", "after1.example"}, hosts)
+	v, err := Verify(pub, path)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Empty(t, v.Unsealed)
+}
+
+// TestCrashBetweenRotationAndWrite: a gateway that stopped after rotating
+// but before writing the new file resumes the chain from the rotated
+// file, not from its start.
+func TestCrashBetweenRotationAndWrite(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	sink, err := JSONFile{Path: path, Seal: key}.Open()
+	require.NoError(t, err)
+	for i := range 5 {
+		require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindDNS, Host: fmt.Sprintf("h%d.example", i), Allowed: true}))
+	}
+	require.NoError(t, sink.Close())
+	require.NoError(t, os.Rename(path, path+".1"))     // rotated, and the new file
+	require.NoError(t, os.WriteFile(path, nil, 0o600)) // made but never written
+	sink, err = JSONFile{Path: path, Seal: key}.Open()
+	require.NoError(t, err)
+	require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindDNS, Host: "after.example", Allowed: true}))
+	require.NoError(t, sink.Close())
+	v, err := Verify(pub, path+".1", path)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Empty(t, v.Unsealed)
+}
+
+// TestLinesCutAtTheStart: sealed lines cut from the start of the oldest
+// file are reported: a file begins with its segment line, and the line
+// after it follows it.
+func TestLinesCutAtTheStart(t *testing.T) {
+	for _, tc := range []struct {
+		keep func([]string) []string
+		at   int // the line reported
+	}{
+		{func(lines []string) []string { return lines[len(lines)/2:] }, 1},                         // the segment line too
+		{func(lines []string) []string { return append(lines[:1:1], lines[len(lines)/2:]...) }, 2}, // after the segment line
+	} {
+		pub, files := auditedFiles(t, 300)
+		data, err := os.ReadFile(files[0])
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		require.NoError(t, os.WriteFile(files[0], []byte(strings.Join(tc.keep(lines), "\n")+"\n"), 0o600))
+		v, err := Verify(pub, files...)
+		require.NoError(t, err)
+		require.NotEmpty(t, v.Problems, "lines cut at the start")
+		assert.Equal(t, Place{files[0], tc.at}, v.Problems[0].Place)
+	}
+}
+
 // TestAuditTampering: each way to change an audited file is reported at
 // its place; a crash is an unsealed tail, not tampering.
 func TestAuditTampering(t *testing.T) {

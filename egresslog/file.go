@@ -2,6 +2,7 @@ package egresslog
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -105,25 +106,55 @@ type segmentFile struct {
 	chain   *chain // an audited file's; nil for others
 }
 
-// open opens (or creates) the current segment, counting what it holds.
+// open opens (or creates) the current segment, counting what it holds,
+// and cuts a line a crash left unfinished at its end.
 func (s *segmentFile) open() error {
-	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(s.path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
 	}
 	fi, err := f.Stat()
+	if err == nil {
+		s.written, err = endWhole(f, fi.Size())
+	}
 	if err != nil {
 		f.Close()
 		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
 	}
-	s.f, s.written, s.started = f, fi.Size(), time.Now()
+	s.f, s.started = f, time.Now()
 	if s.written > 0 && s.maxAge > 0 {
 		s.started = firstRecordTime(s.path, s.started)
 	}
-	if s.chain != nil && s.written == 0 {
-		s.buf = append(s.buf, s.chain.segment()...) // a new file names the last line of the one before
+	if s.chain != nil && (s.written == 0 || !s.chain.inFile) {
+		// A new file (or one not audited before) begins with a segment
+		// line, chained to the last line of the file before.
+		s.buf = append(s.buf, s.chain.segment()...)
+		s.chain.inFile = true
 	}
 	return nil
+}
+
+// endWhole cuts the file f, of size bytes, back to the end of its last
+// whole line, if a write cut short by a crash left part of one after it:
+// a line appended to that part would be lost with it. It returns the
+// size left.
+func endWhole(f *os.File, size int64) (int64, error) {
+	var buf [4096]byte
+	for end := size; end > 0; {
+		n := min(end, int64(len(buf)))
+		if _, err := f.ReadAt(buf[:n], end-n); err != nil {
+			return size, err
+		}
+		if end == size && buf[n-1] == '\n' {
+			return size, nil
+		}
+		if i := bytes.LastIndexByte(buf[:n], '\n'); i >= 0 {
+			cut := end - n + int64(i) + 1
+			return cut, f.Truncate(cut)
+		}
+		end -= n
+	}
+	return 0, f.Truncate(0)
 }
 
 // writeLine adds one line, which ends in a newline, to the current
