@@ -123,10 +123,10 @@ func (c *chain) resumeFrom(path string) (found bool, err error) {
 type auditLine struct {
 	Segment bool    `json:"segment"`
 	Chain   *uint64 `json:"chain"`
-	Prev  string  `json:"prev"`
-	Seal  *uint64 `json:"seal"`
-	Hash  string  `json:"hash"`
-	Sig   string  `json:"sig"`
+	Prev    string  `json:"prev"`
+	Seal    *uint64 `json:"seal"`
+	Hash    string  `json:"hash"`
+	Sig     string  `json:"sig"`
 }
 
 // Verification is what Verify found.

@@ -91,8 +91,8 @@ type Log struct {
 	foldTimer stopper                // emits the summaries of a second once it is over
 	due       []Record               // summaries being emitted, reused
 
-	sinkCh      chan Record
-	sinkPending atomic.Int64 // queued or being written
+	queues      []*sinkQueue // one per sink
+	sinkPending atomic.Int64 // queued or being written, over all queues
 	idleMu      sync.Mutex   // orders the last decrement of sinkPending with Flush
 	idleWaiters []chan struct{}
 	sinkDone    chan struct{}
@@ -128,9 +128,17 @@ func (l *Log) init() {
 			if n <= 0 {
 				n = DefaultSinkQueue
 			}
-			l.sinkCh = make(chan Record, n)
 			l.sinkDone = make(chan struct{})
-			go l.drainSinks()
+			var wg sync.WaitGroup
+			for _, sink := range l.Sinks {
+				q := &sinkQueue{sink: sink, ch: make(chan queued, n)}
+				l.queues = append(l.queues, q)
+				wg.Go(func() { l.drain(q) })
+			}
+			go func() {
+				wg.Wait()
+				close(l.sinkDone)
+			}()
 		}
 	})
 }
@@ -286,13 +294,18 @@ func (l *Log) publishLocked(r *Record) {
 	for f := range l.followers {
 		f.offer(r)
 	}
-	if l.sinkCh != nil && !l.closed.Load() {
+	if l.closed.Load() {
+		return
+	}
+	for _, q := range l.queues {
 		l.sinkPending.Add(1)
 		select {
-		case l.sinkCh <- *r:
+		case q.ch <- queued{r: *r, gap: q.dropped}:
+			q.dropped = 0
 		default:
-			l.sinkPending.Add(-1)
+			l.doneWith()
 			l.sinkDropped.Add(1)
+			q.dropped++
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -269,6 +271,41 @@ func TestSinksNeverBlock(t *testing.T) {
 	require.NoError(t, l.Shutdown(context.Background()))
 	_, failed := l.SinkStats()
 	assert.NotZero(t, failed, "the failing sink's errors were not counted")
+}
+
+// TestAStalledSinkCostsOthersNothing: while one sink is stalled (a
+// stderr nobody reads), an audit trail beside it keeps every record and
+// verifies; the stalled sink is told in place how many it lost.
+func TestAStalledSinkCostsOthersNothing(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	file, err := JSONFile{Path: path, Seal: key}.Open()
+	require.NoError(t, err)
+	bw := blockingWriter{release: make(chan struct{})}
+	var stalled bytes.Buffer
+	const queue, n = 64, 512
+	l := &Log{Keep: n, DenialBurst: n, SinkQueue: queue, Sinks: []Sink{file, NewJSONSink(io.MultiWriter(bw, &stalled))}}
+	lines := func() int {
+		data, _ := os.ReadFile(path)
+		return bytes.Count(data, []byte(`"agent":"a"`))
+	}
+	for i := range n {
+		l.Record(allowedRec("a", i))
+		if i%(queue/2) == queue/2-1 {
+			require.Eventually(t, func() bool { return lines() == i+1 }, 5*time.Second, time.Millisecond,
+				"the trail stopped behind the stalled sink")
+		}
+	}
+	dropped, _ := l.SinkStats()
+	assert.NotZero(t, dropped, "nothing was dropped for the stalled sink")
+	close(bw.release)
+	require.NoError(t, l.Shutdown(t.Context()))
+	assert.Equal(t, n, lines())
+	v, err := Verify(pub, path)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Contains(t, stalled.String(), fmt.Sprintf(`{"dropped":%d,`, dropped), "the stalled sink was not told of its gap")
 }
 
 func TestCloseTimesOut(t *testing.T) {

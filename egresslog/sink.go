@@ -10,58 +10,88 @@ import (
 	"time"
 )
 
-// Sink receives every record from the Log's sink goroutine. WriteRecord
-// may be slow or fail: the Log counts failures and drops records while the
-// queue is full, and never waits for a sink. The *Record is valid only
-// during the call.
+// Sink receives every record from a goroutine of the Log's that serves it
+// alone, from a queue of its own (so a sink's calls never overlap, and
+// calls to two sinks may). WriteRecord may be slow or fail: the Log
+// counts failures and drops records while the sink's queue is full (a
+// GapSink is told where), and never waits for a sink. The *Record is
+// valid only during the call.
 type Sink interface {
 	WriteRecord(r *Record) error
 	// Flush is called when the queue is empty, so buffered sinks write out.
 	Flush() error
 }
 
-// drainSinks hands queued records to every sink until Close, then
-// closes the sinks.
-func (l *Log) drainSinks() {
-	defer close(l.sinkDone)
-	defer l.closeSinks()
-	r := new(Record) // reused: sinks must not keep the pointer
-	for *r = range l.sinkCh {
-		l.writeSinks(r)
-		if len(l.sinkCh) == 0 {
-			for _, s := range l.Sinks {
-				if err := s.Flush(); err != nil {
-					l.sinkErrors.Add(1)
-				}
-			}
-		}
-		l.idleMu.Lock()
-		if l.sinkPending.Add(-1) == 0 {
-			for _, w := range l.idleWaiters {
-				close(w)
-			}
-			l.idleWaiters = nil
-		}
-		l.idleMu.Unlock()
-	}
+// A GapSink is told, in place, of the records the Log dropped for it
+// because its queue was full: WriteGap(n) comes before the record that
+// follows them (or, for those dropped last, before the sink is closed).
+// JSONSink writes it as a line of its own ({"dropped":n,"time":…}),
+// chained in an audit trail, so that the file says where it lacks
+// records rather than hiding the gap.
+type GapSink interface {
+	WriteGap(n uint64) error
 }
 
-// closeSinks closes each sink that can be closed: the Log owns them.
-func (l *Log) closeSinks() {
-	for _, s := range l.Sinks {
-		if c, ok := s.(io.Closer); ok {
-			if err := c.Close(); err != nil {
+// sinkQueue is one sink's queue, drained by a goroutine of its own: a
+// sink that stalls (a stderr nobody reads) loses its own records, never
+// another sink's (the audit trail's).
+type sinkQueue struct {
+	sink    Sink
+	ch      chan queued
+	dropped uint64 // dropped since the last record queued; guarded by pubMu
+}
+
+// queued is a record for a sink, and how many were dropped for the sink
+// just before it.
+type queued struct {
+	r   Record
+	gap uint64
+}
+
+// drain hands q's records to its sink until Shutdown, flushing it
+// whenever the queue runs empty, then closes the sink.
+func (l *Log) drain(q *sinkQueue) {
+	for item := range q.ch {
+		l.writeGap(q.sink, item.gap)
+		if err := q.sink.WriteRecord(&item.r); err != nil {
+			l.sinkErrors.Add(1)
+		}
+		if len(q.ch) == 0 {
+			if err := q.sink.Flush(); err != nil {
 				l.sinkErrors.Add(1)
 			}
 		}
+		l.doneWith()
+	}
+	l.writeGap(q.sink, q.dropped) // the channel is closed: no more drops
+	if c, ok := q.sink.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			l.sinkErrors.Add(1)
+		}
+	} else if err := q.sink.Flush(); err != nil {
+		l.sinkErrors.Add(1)
 	}
 }
 
-func (l *Log) writeSinks(r *Record) {
-	for _, s := range l.Sinks {
-		if err := s.WriteRecord(r); err != nil {
+// writeGap tells sink, if it listens, of n records dropped for it.
+func (l *Log) writeGap(sink Sink, n uint64) {
+	if g, ok := sink.(GapSink); ok && n > 0 {
+		if err := g.WriteGap(n); err != nil {
 			l.sinkErrors.Add(1)
 		}
+	}
+}
+
+// doneWith counts out one record queued for a sink, written or dropped,
+// and wakes Flush's waiters once none is left.
+func (l *Log) doneWith() {
+	l.idleMu.Lock()
+	defer l.idleMu.Unlock()
+	if l.sinkPending.Add(-1) == 0 {
+		for _, w := range l.idleWaiters {
+			close(w)
+		}
+		l.idleWaiters = nil
 	}
 }
 
@@ -83,11 +113,11 @@ func (l *Log) Shutdown(ctx context.Context) error {
 		}
 		l.emitFoldsLocked(0, true)
 		l.closed.Store(true)
-		if l.sinkCh != nil {
-			close(l.sinkCh)
+		for _, q := range l.queues {
+			close(q.ch)
 		}
 		l.pubMu.Unlock()
-		if l.sinkCh == nil {
+		if l.queues == nil {
 			return
 		}
 		select {
@@ -114,7 +144,7 @@ func (l *Log) Close() error {
 // sinks and the sinks flushed, or until ctx is done.
 func (l *Log) Flush(ctx context.Context) error {
 	l.init()
-	if l.sinkCh == nil {
+	if l.queues == nil {
 		return nil
 	}
 	l.idleMu.Lock()
@@ -154,6 +184,19 @@ func (s *JSONSink) WriteRecord(r *Record) error {
 	defer s.mu.Unlock()
 	s.buf = r.AppendJSON(s.buf[:0])
 	s.buf = append(s.buf, '\n')
+	if s.file != nil {
+		return s.file.writeLine(s.buf)
+	}
+	_, err := s.w.Write(s.buf)
+	return err
+}
+
+// WriteGap implements GapSink: a line that says n records are missing
+// here.
+func (s *JSONSink) WriteGap(n uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf = fmt.Appendf(s.buf[:0], `{"dropped":%d,"time":%q}`+"\n", n, time.Now().UTC().Format(time.RFC3339Nano))
 	if s.file != nil {
 		return s.file.writeLine(s.buf)
 	}

@@ -90,10 +90,11 @@ func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 	return out, skipped, sc.Err()
 }
 
-// auditLine reports whether a line is an audited file's own (a seal, or
-// the line that begins a file), which holds no record.
+// auditLine reports whether a line is a file's own (a seal, the line that
+// begins an audited file, or one that says records were dropped there),
+// which holds no record.
 func auditLine(line []byte) bool {
-	return bytes.HasPrefix(line, []byte(`{"seal":`)) || bytes.HasPrefix(line, []byte(`{"segment":true,`))
+	return bytes.HasPrefix(line, []byte(`{"seal":`)) || bytes.HasPrefix(line, []byte(`{"segment":true,`)) || bytes.HasPrefix(line, []byte(`{"dropped":`))
 }
 
 // WriteSupport writes, as YAML comments, what a suggestion rests on: how

@@ -67,8 +67,9 @@ func TestRead(t *testing.T) {
 	assert.Equal(t, "x.test", obs[0].Host)
 	assert.Equal(t, 1, skipped, "a line cut short is skipped and counted")
 
-	// An audited file's own lines hold no record, and are not unreadable.
-	audited := `{"segment":true,"chain":1,"prev":"00"}` + "\n" + b.String() + `{"seal":3,"hash":"ab","sig":"cd"}` + "\n"
+	// An audited file's own lines, and one saying records were dropped,
+	// hold no record, and are not unreadable.
+	audited := `{"segment":true,"chain":1,"prev":"00"}` + "\n" + b.String() + `{"dropped":7,"time":"2026-12-01T00:00:00Z","chain":4,"prev":"ef"}` + "\n" + `{"seal":4,"hash":"ab","sig":"cd"}` + "\n"
 	obs, skipped, err = Read(strings.NewReader(audited), "")
 	require.NoError(t, err)
 	assert.Len(t, obs, 2)
