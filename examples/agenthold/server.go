@@ -125,7 +125,7 @@ func startServer(ctx context.Context, cfg Config, logger *slog.Logger) (s *serve
 	if err := s.addOTLPSinks(ctx); err != nil {
 		return s, err
 	}
-	s.servers.OnStop("egress log", s.elog.Shutdown) // closes the file too
+	s.servers.OnStop("egress log", lifecycle.WithOwnTime(logWriteOut, s.elog.Shutdown)) // closes the file too
 	s.agents = newAgents(cfg.DataDir)
 	// The rules and the agents' links go after the data plane has
 	// drained (they are registered before it starts): until its links
@@ -706,8 +706,13 @@ func (s *server) execInfo(a *agent) ExecInfo {
 	}
 }
 
-// drainTimeout is how long stop may take on SIGTERM.
-const drainTimeout = 10 * time.Second
+// drainTimeout is how long the servers may drain on SIGTERM; the egress
+// log then has logWriteOut of its own to write out the records of what
+// the drain ended (13 s in all, within the DaemonSet's 15 s grace).
+const (
+	drainTimeout = 10 * time.Second
+	logWriteOut  = 3 * time.Second
+)
 
 // writeFileAtomic replaces path with data, so that a reader sees the old
 // file or the new one, never a part.

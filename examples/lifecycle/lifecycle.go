@@ -102,6 +102,18 @@ func Closing(c io.Closer) func(context.Context) error {
 	return func(context.Context) error { return c.Close() }
 }
 
+// WithOwnTime is a step that has d of its own to finish, however much of
+// Stop's deadline the steps before it took: for what writes out what
+// they left behind (the egress log, whose last records are those of the
+// connections the proxy's drain ended).
+func WithOwnTime(d time.Duration, stop func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+		defer cancel()
+		return stop(ctx)
+	}
+}
+
 // Stop runs the registered steps once each, last registered first, each
 // with ctx (a step drains until ctx is done, then closes). Every step
 // runs whatever the others return; the errors come back joined, each

@@ -62,6 +62,24 @@ func TestStopRunsStepsLastFirst(t *testing.T) {
 	}
 }
 
+// TestAStepWithItsOwnTime: a step that drains until Stop's deadline
+// leaves a step WithOwnTime its own time to write out in.
+func TestAStepWithItsOwnTime(t *testing.T) {
+	g := New(t.Context())
+	var logErr error
+	g.OnStop("egress log", WithOwnTime(time.Second, func(ctx context.Context) error {
+		logErr = ctx.Err()
+		_, bounded := ctx.Deadline()
+		assert.True(t, bounded, "the step's own time has no end")
+		return nil
+	}))
+	g.OnStop("proxy", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() })
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, g.Stop(ctx), context.DeadlineExceeded, "the proxy's drain")
+	assert.NoError(t, logErr, "the log had no time left to write out in")
+}
+
 // TestLateStepRunsAtOnce: a part registered after Stop began is closed
 // at once rather than left running.
 func TestLateStepRunsAtOnce(t *testing.T) {

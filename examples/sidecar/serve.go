@@ -180,7 +180,7 @@ func cmdServe(args []string) error {
 	}
 	fmt.Println("sidecar: ready")
 	<-sc.servers.Context().Done() // SIGTERM, or a server failed
-	if err := sc.servers.StopAndWait(10 * time.Second); err != nil {
+	if err := sc.servers.StopAndWait(drainTimeout); err != nil {
 		return fmt.Errorf("sidecar stopped: %w", err)
 	}
 	return nil
@@ -262,7 +262,7 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	if err := telemetry.start(ctx, sc.log, sc.servers, logger); err != nil {
 		return sc, err
 	}
-	sc.servers.OnStop("egress log", sc.log.Shutdown) // closes the file too
+	sc.servers.OnStop("egress log", lifecycle.WithOwnTime(logWriteOut, sc.log.Shutdown)) // closes the file too
 	// Everything in the Pod is the sandbox; its policy is the file's.
 	agents := func(netip.Addr) (string, *policy.Policy, bool) { return sandboxAgent, sc.watch.Policy(), true }
 	var upstreams []string
@@ -467,3 +467,11 @@ func fetchCA(url string, wait time.Duration) ([]byte, error) {
 		time.Sleep(500 * time.Millisecond) // the sidecar may still be starting
 	}
 }
+
+// drainTimeout is how long the servers may drain on SIGTERM; the egress
+// log then has logWriteOut of its own to write out the records of what
+// the drain ended.
+const (
+	drainTimeout = 10 * time.Second
+	logWriteOut  = 3 * time.Second
+)
