@@ -165,8 +165,13 @@ func bounded(s string, n int) string {
 	return strings.Clone(truncate(escapeControls(s), n))
 }
 
-// escapeControls writes ASCII control characters as Go escapes (\n,
-// \x1b); a string without any is returned as it is, without allocating.
+// escapeControls writes control characters as Go escapes (\n, \x1b,
+// \u0085): ASCII's and C1's, and the Unicode formatting characters that
+// reorder or hide text around them (bidirectional overrides, isolates and
+// marks; zero-width ones), which would let a path or a reason show a
+// person other text than it holds. Bytes that are not UTF-8 are kept as
+// they are. A string without any is returned as it is, without
+// allocating.
 func escapeControls(s string) string {
 	i := strings.IndexFunc(s, isControl)
 	if i < 0 {
@@ -175,18 +180,33 @@ func escapeControls(s string) string {
 	var b strings.Builder
 	b.Grow(len(s) + 8)
 	b.WriteString(s[:i])
-	for _, c := range []byte(s[i:]) {
-		if !isControl(rune(c)) {
-			b.WriteByte(c)
-			continue
+	for s = s[i:]; s != ""; {
+		c, size := utf8.DecodeRuneInString(s)
+		switch {
+		case c == utf8.RuneError && size == 1:
+			b.WriteByte(s[0])
+		case isControl(c):
+			q := strconv.QuoteRune(c) // '\n', '\x1b', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteString(s[:size])
 		}
-		q := strconv.QuoteRune(rune(c)) // '\n', '\x1b'
-		b.WriteString(q[1 : len(q)-1])
+		s = s[size:]
 	}
 	return b.String()
 }
 
-func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+// isControl says whether r is escaped: a C0 or C1 control, DEL, or a
+// formatting character that changes how the text around it shows.
+func isControl(r rune) bool {
+	switch {
+	case r < 0x20, r >= 0x7f && r <= 0x9f:
+		return true
+	case r == 0x061c, r >= 0x200b && r <= 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2060 && r <= 0x2069, r == 0xfeff:
+		return true
+	}
+	return false
+}
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

@@ -183,6 +183,10 @@ func TestSanitizeEscapesControls(t *testing.T) {
 	assert.Equal(t, `/a\r\nb`, r.Path)
 	assert.Equal(t, `upstream: boom\n\x1b[31mred\x7f`, r.Reason)
 	assert.Equal(t, `tab\there`, r.Rule)
+	r = Record{Path: "/\u202eexe.gnp\u202c/a\u200bb", Reason: "c1\u0085next\xffraw"}
+	r.sanitize()
+	assert.Equal(t, `/\u202eexe.gnp\u202c/a\u200bb`, r.Path, "text that reorders or hides what shows")
+	assert.Equal(t, "c1\\u0085next\xffraw", r.Reason, "a C1 control; a byte that is not UTF-8 kept")
 	clean := "plain é ✓"
 	assert.Equal(t, clean, escapeControls(clean))
 	assert.Zero(t, testing.AllocsPerRun(100, func() { escapeControls(clean) }), "a clean string allocates")
