@@ -96,7 +96,7 @@ func readRequest(r *http.Request, host string, port uint16) *judgedRequest {
 func encodedBody(h http.Header) bool {
 	for _, v := range h.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(v, ",") {
-			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") { // not a name: a content coding
 				return true
 			}
 		}
@@ -113,7 +113,7 @@ func encodedBody(h http.Header) bool {
 		return true
 	}
 	charset, ok := params["charset"]
-	return ok && !strings.EqualFold(charset, "utf-8") && !strings.EqualFold(charset, "utf8")
+	return ok && !strings.EqualFold(charset, "utf-8") && !strings.EqualFold(charset, "utf8") // not a name: a charset
 }
 
 // readBody reads r's body (up to MaxMCPBody) for its messages, puts back

@@ -73,7 +73,7 @@ func New(pairs []Pair) *Replacer {
 	r.q = min(4, minLen)
 	r.stride = minLen - r.q + 1
 	for i, p := range kept {
-		if f := strings.ToLower(p.Find); !slices.Contains(r.folded, f) {
+		if f := strings.ToLower(p.Find); !slices.Contains(r.folded, f) { // not a name: a secret's form
 			r.folded = append(r.folded, f)
 		}
 		r.starts[p.Find[0]] = append(r.starts[p.Find[0]], i)
@@ -331,7 +331,7 @@ func (r *Replacer) ContainsFold(s string) bool {
 	if r == nil {
 		return false
 	}
-	s = strings.ToLower(s)
+	s = strings.ToLower(s) // not a name: any text
 	for _, f := range r.folded {
 		if strings.Contains(s, f) {
 			return true
@@ -370,7 +370,7 @@ func Forms(value, placeholder string) []Pair {
 	add := func(f, r string) { pairs = append(pairs, Pair{f, r}) }
 	add(value, placeholder)
 	add(strings.ToUpper(value), strings.ToUpper(placeholder))
-	add(strings.ToLower(value), strings.ToLower(placeholder))
+	add(strings.ToLower(value), strings.ToLower(placeholder)) // not a name: a secret
 	add(hex.EncodeToString([]byte(value)), hex.EncodeToString([]byte(placeholder)))
 	add(strings.ToUpper(hex.EncodeToString([]byte(value))), strings.ToUpper(hex.EncodeToString([]byte(placeholder))))
 	for _, escapeHTML := range []bool{true, false} {
