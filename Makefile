@@ -31,16 +31,18 @@ build:
 demo: deps build
 	./$(BIN) demo
 
-# Every test: the unit and kernel tests; the noisy-neighbour and spoofed-flood load tests,
-# without the race detector, whose figures it reports; the Kubernetes
-# manifests against the API types and each block adopted alone (modules
-# of their own); then the end-to-end checks against a dev stack: the
-# sandboxes' real clients, and the web console in a real browser.
+# Every test: the unit and kernel tests; the noisy-neighbour and
+# spoofed-flood load tests, without the race detector, whose figures it
+# reports; the Kubernetes manifests against the API types, each block
+# adopted alone, and the comparison with smokescreen (modules of their
+# own); then the end-to-end checks against a dev stack: the sandboxes'
+# real clients, and the web console in a real browser.
 test: deps
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(GO) test -count=1 -timeout 10m -run '^(TestNoisyNeighbour|TestSpoofedDNSFlood|TestThousandAgents)$$' -v ./examples/agenthold
 	cd examples/deploycheck && $(GO) test -count=1 ./...
 	cd examples/adopt && $(GO) test -count=1 ./...
+	cd examples/peerbench && $(GO) test -count=1 ./...
 	cd examples/images && $(GO) test -count=1 -timeout 10m ./...
 	$(MAKE) e2e
 	$(MAKE) e2e-console
