@@ -26,6 +26,8 @@ import (
 // out, so that a crash leaves few lines unsealed. A file begins with a
 // segment line chained to the last line of the one before, and Verify
 // takes a file whose first chained line is not one as cut at its start.
+// A file is sealed by one key: opened with another (a key replaced), the
+// file is rotated first, and each key's files verify with it.
 // A person without the key can change, remove, reorder or add lines
 // without Verify saying where only at the end, where no seal covers
 // them; lines cut from the end, seals and all, leave an honest-looking
@@ -48,6 +50,7 @@ type chain struct {
 	unsealed bool // lines since the last seal
 	sealed   time.Time
 	inFile   bool // the current file holds a chained line: it began with a segment line
+	otherKey bool // the current file's last seal is another key's
 }
 
 // link chains a line (JSON object, no newline): it appends the line's
@@ -108,12 +111,18 @@ func (c *chain) resumeFrom(path string) (found bool, err error) {
 		return false, err
 	}
 	defer f.Close()
+	pub := c.key.Public().(ed25519.PublicKey)
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		var l auditLine
-		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Chain != nil {
+		switch {
+		case json.Unmarshal(sc.Bytes(), &l) != nil:
+		case l.Chain != nil:
 			c.seq, c.prev, found = *l.Chain, sha256.Sum256(sc.Bytes()), true
+		case l.Seal != nil:
+			sig, err := base64.StdEncoding.DecodeString(l.Sig)
+			c.otherKey = err != nil || !ed25519.Verify(pub, sealMessage(*l.Seal, c.prev), sig)
 		}
 	}
 	return found, sc.Err()

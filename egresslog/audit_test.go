@@ -173,6 +173,34 @@ func TestLinesCutAtTheStart(t *testing.T) {
 	}
 }
 
+// TestANewKeyBeginsAFile: a trail opened with another key than the one
+// that sealed it goes on in a new file, so that each file verifies with
+// the key that sealed it.
+func TestANewKeyBeginsAFile(t *testing.T) {
+	pub1, key1, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	pub2, key2, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	for _, k := range []ed25519.PrivateKey{key1, key2, key2} {
+		sink, err := JSONFile{Path: path, Seal: k}.Open()
+		require.NoError(t, err)
+		require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindDNS, Host: "x.example", Allowed: true}))
+		require.NoError(t, sink.Close())
+	}
+	_, err = os.Stat(path + ".2")
+	require.ErrorIs(t, err, os.ErrNotExist, "the same key reopened began a file too")
+	for _, tc := range []struct {
+		pub  ed25519.PublicKey
+		file string
+	}{{pub1, path + ".1"}, {pub2, path}} {
+		v, err := Verify(tc.pub, tc.file)
+		require.NoError(t, err)
+		assert.Empty(t, v.Problems, tc.file)
+		assert.Equal(t, v.Lines, v.Sealed, tc.file)
+	}
+}
+
 // TestAuditTampering: each way to change an audited file is reported at
 // its place; a crash is an unsealed tail, not tampering.
 func TestAuditTampering(t *testing.T) {

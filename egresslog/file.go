@@ -52,7 +52,8 @@ type JSONFile struct {
 	MaxAge time.Duration
 	// Seal, if set, makes the file an audit trail: its lines are chained
 	// and sealed with this key (see Verify), and a file appended to
-	// continues the chain it holds.
+	// continues the chain it holds; one whose seals are another key's is
+	// rotated first, so that each file verifies with one key.
 	Seal ed25519.PrivateKey
 }
 
@@ -74,6 +75,13 @@ func (c JSONFile) Open() (*JSONSink, error) {
 	}
 	if err := sf.open(); err != nil {
 		return nil, err
+	}
+	if sf.chain != nil && sf.chain.otherKey && sf.written > 0 {
+		// Sealed by another key: the new one's lines begin a file.
+		if err := sf.rotate(); err != nil {
+			sf.close()
+			return nil, err
+		}
 	}
 	return &JSONSink{file: sf}, nil
 }
