@@ -169,9 +169,9 @@ func (v *Vault) resignAWS(agent string, r *http.Request, placeholder string, cre
 	}
 	payload := r.Header.Get("X-Amz-Content-Sha256")
 	var body []byte
-	if !sig.presigned && (payload == "" || formBody(r)) {
+	if formBody(r) || (!sig.presigned && payload == "") {
 		// Hashed here when the client did not say; read anyway when it is
-		// a form, whose Action may ask for credentials.
+		// a form, presigned or not, whose Action may ask for credentials.
 		if body, err = v.readBody(agent, r, MaxBufferedBody, "to re-sign an AWS request"); err != nil {
 			return false, err
 		}

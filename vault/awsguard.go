@@ -71,15 +71,23 @@ var vendingTargets = []string{".GetAuthorizationToken", ".GetCredentialsForIdent
 // repository tokens), or "". A known list: an operator should give the
 // gateway keys whose policy grants nothing it must not hand out.
 func vendsCredentials(s sigV4, r *http.Request, body []byte) string {
-	var actions []string
-	actions = append(actions, r.URL.Query()["Action"]...)
-	if len(body) > 0 && formBody(r) {
-		if form, err := url.ParseQuery(string(body)); err == nil {
-			actions = append(actions, form["Action"]...)
-		}
-	}
 	refuse := func(what string) string {
 		return "AWS " + s.service + " " + what + " would hand the sandbox credentials of its own: not re-signed"
+	}
+	// A query or form Go cannot read whole may still name an Action to
+	// AWS (a ";" in a key, a bad escape: url.Values drops the pair, or all
+	// of it): refused, not read as naming none.
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return refuse("request whose query cannot be read")
+	}
+	actions := query["Action"]
+	if len(body) > 0 && formBody(r) {
+		form, err := url.ParseQuery(string(body))
+		if err != nil {
+			return refuse("request whose form cannot be read")
+		}
+		actions = append(actions, form["Action"]...)
 	}
 	for _, a := range actions {
 		switch {

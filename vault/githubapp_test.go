@@ -117,12 +117,16 @@ func TestGitHubAppTokens(t *testing.T) {
 	basic := base64.StdEncoding.EncodeToString([]byte("x-access-token:ghs_minted0002installationtoken"))
 	assert.NotContains(t, gitRed.String("Authorization: Basic "+basic), basic)
 
-	// Revoking the shared token is refused.
-	revoke := newRequest(t, "https://api.github.com/installation/token", nil)
-	revoke.Method = http.MethodDelete
-	_, err = v.Inject("a1", revoke)
-	var refused *RefusedError
-	assert.ErrorAs(t, err, &refused, "a revocation of the minted token went through")
+	// Revoking the shared token is refused, at each path a server may
+	// take for it (GitHub Enterprise Server's API is under /api/v3).
+	for _, path := range []string{"/installation/token", "/installation/token/", "/api/v3/installation/token", "//installation/token", "/installation//token", "/Installation/Token", "/x/../installation/token"} {
+		revoke := newRequest(t, "https://api.github.com"+path, nil)
+		revoke.Method = http.MethodDelete
+		_, err = v.Inject("a1", revoke)
+		var refused *RefusedError
+		assert.ErrorAs(t, err, &refused, "a revocation of the minted token went through at %s", path)
+		assert.Empty(t, revoke.Header.Get("Authorization"), path)
+	}
 
 	// A secret set again (rotated, or deleted and made anew under the
 	// same name by someone else) never inherits the old token.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	pathpkg "path"
 	"strings"
 )
 
@@ -56,7 +57,7 @@ func (v *Vault) Inject(agent string, r *http.Request) (used []string, err error)
 			continue
 		}
 		if e.rule.Mode == GitHubApp {
-			if r.Method == http.MethodDelete && strings.TrimSuffix(r.URL.Path, "/") == "/installation/token" {
+			if r.Method == http.MethodDelete && revokesAppToken(r.URL.Path) {
 				// Revoking the token would leave every agent sharing it
 				// with a dead one until it nears its expiry.
 				return used, &RefusedError{Reason: "revoking a GitHub App installation token the gateway minted"}
@@ -260,4 +261,13 @@ func (v *Vault) Covers(agent, host string) bool {
 		}
 	}
 	return false
+}
+
+// revokesAppToken says whether a DELETE of path could revoke an
+// installation token: the path, cleaned and in any case, ends in
+// /installation/token (GitHub Enterprise Server's API is under /api/v3,
+// and a server may take "//" or "x/.." for "/").
+func revokesAppToken(path string) bool {
+	p := strings.ToLower(pathpkg.Clean("/" + path)) // not a name: a path
+	return p == "/installation/token" || strings.HasSuffix(p, "/installation/token")
 }

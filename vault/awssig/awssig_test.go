@@ -218,6 +218,13 @@ func TestAWSNoCredentialsForTheSandbox(t *testing.T) {
 		"IAM CreateAccessKey":       sandboxSigned(t, ph, "POST", "https://iam.amazonaws.com/", []byte("Action=CreateAccessKey&UserName=me"), form, "iam"),
 		"ECR GetAuthorizationToken": sandboxSigned(t, ph, "POST", "https://api.ecr.us-east-1.amazonaws.com/", []byte("{}"), http.Header{"X-Amz-Target": {"AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken"}, "Content-Type": {"application/x-amz-json-1.1"}}, "ecr"),
 		"CodeArtifact token":        sandboxSigned(t, ph, "POST", "https://codeartifact.us-east-1.amazonaws.com/v1/authorization-token?domain=d", nil, nil, "codeartifact"),
+		// A query or form Go cannot read whole still names its Action to
+		// AWS.
+		"IAM, a ';' in the form":         sandboxSigned(t, ph, "POST", "https://iam.amazonaws.com/", []byte("Action=CreateAccessKey&UserName=me&a;b=1"), form, "iam"),
+		"IAM, a bad escape":              sandboxSigned(t, ph, "POST", "https://iam.amazonaws.com/", []byte("Action=CreateAccessKey&UserName=me&x=%zz"), form, "iam"),
+		"IAM, a ';' in the query":        sandboxSigned(t, ph, "GET", "https://iam.amazonaws.com/?Action=CreateAccessKey&UserName=me&a;b=1", nil, nil, "iam"),
+		"STS, the query one thing":       sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/?Action=GetCallerIdentity", []byte("Action=AssumeRole&RoleArn=arn:aws:iam::1:role/x&RoleSessionName=s&a;b=1"), form, "sts"),
+		"IAM CreateAccessKey, presigned": presignedForm(t, ph, "https://iam.amazonaws.com/", []byte("Action=CreateAccessKey&UserName=me"), "iam"),
 	} {
 		_, err := v.Inject("a1", r)
 		var refused *vault.RefusedError
@@ -229,6 +236,23 @@ func TestAWSNoCredentialsForTheSandbox(t *testing.T) {
 	ok := sandboxSigned(t, ph, "POST", "https://sts.amazonaws.com/", []byte("Action=GetCallerIdentity&Version=2011-06-15"), form, "sts")
 	_, err := v.Inject("a1", ok)
 	assert.NoError(t, err, "GetCallerIdentity refused")
+}
+
+// presignedForm is a form POST to rawURL presigned (its signature in the
+// query) by the sandbox with its placeholder as the key ID.
+func presignedForm(t testing.TB, ph, rawURL string, body []byte, service string) *http.Request {
+	t.Helper()
+	sum := sha256.Sum256(body)
+	payload := hex.EncodeToString(sum[:])
+	r, err := http.NewRequest("POST", rawURL+"?X-Amz-Expires=300", bytes.NewReader(body))
+	require.NoError(t, err)
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	signed, _, err := v4.NewSigner().PresignHTTP(context.Background(), aws.Credentials{AccessKeyID: ph, SecretAccessKey: ph}, r, payload, service, "us-east-1", time.Now())
+	require.NoError(t, err)
+	u, err := url.Parse(signed)
+	require.NoError(t, err)
+	r.URL = u
+	return r
 }
 
 // TestAWSSigningTime: a signature far from now, or a presigned URL for
