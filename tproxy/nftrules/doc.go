@@ -13,7 +13,9 @@
 // in on is dropped (no sandbox can speak as another). SidecarRules are for
 // a sandbox's own namespace: every process's outbound TCP except one
 // exempt uid's is redirected by destination port, DNS to the DNS port, and
-// everything else leaving the namespace is dropped.
+// everything else leaving the namespace is dropped, replies to inbound
+// flows aside (and never a packet of the exempt uid's flows from another
+// uid).
 //
 // Both are one batch in a table of their own, replacing any table of the
 // same name (a crashed run's), and Close removes it. If the process dies

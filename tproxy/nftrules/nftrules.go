@@ -74,8 +74,11 @@ type GatewayRules struct {
 // sandbox's own network namespace: every process's outbound TCP except
 // the exempt uid's is redirected by destination port (80, 443, anything
 // else) to the proxy's three ports, DNS to the DNS port, and everything
-// else leaving the namespace is dropped. Loopback is left alone, so the
-// health port is reachable and never redirected.
+// else leaving the namespace is dropped, but for replies to flows others
+// began (a server in the Pod answering). Loopback is left alone, so the
+// health port is reachable and never redirected. The exempt uid's flows
+// are its own: no other uid's packet leaves as one of them, though a
+// port the exempt uid closed can be bound by anyone.
 type SidecarRules struct {
 	Table string // "" means DefaultTable
 	NetNS string // "" means the caller's
@@ -405,7 +408,14 @@ func (sc SidecarRules) build(r *Rules) {
 	// What the nat chain redirected: the output interface a filter chain
 	// sees is still the one before the redirect, so match the NAT itself.
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: redirected()})
-	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: established()})
+	// Other uids' packets of established flows leave only as replies
+	// (a server in the Pod answering): the exempt uid's flows outlive
+	// its sockets in conntrack, and a packet another uid sends from a
+	// port it closed joins them, unseen by the nat chain (which sees a
+	// flow's first packet only). The cost: the kernel's own packets on
+	// the exempt uid's flows (a reset for a socket already gone, a
+	// time-wait socket's ACK) have no uid and stay in too.
+	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: replies()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: neighbourDiscovery()})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{drop()}})
 }
@@ -654,6 +664,17 @@ func established() []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	}
+}
+
+// replies accepts packets of established (or related) flows sent in the
+// reply direction: answers to a flow another host began.
+func replies() []expr.Any {
+	const dirReply = 1 // IP_CT_DIR_REPLY
+	return append(established()[:3:3],
+		&expr.Ct{Register: 1, Key: expr.CtKeyDIRECTION},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{dirReply}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	)
 }
 
 // redirected accepts packets of connections whose destination was
