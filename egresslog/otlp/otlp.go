@@ -13,7 +13,8 @@
 // http.request.method, url.path, http.response.status_code) and egress.*
 // otherwise (egress.agent, egress.kind, egress.allowed, egress.reason,
 // egress.rule, egress.secret, which is a secret's name, never a value,
-// egress.tool). attributes is the one place that names them, for logs and
+// egress.tool, egress.dns.type). A span's name holds a known method and
+// the entry that allowed the request, never what the agent made up. attributes is the one place that names them, for logs and
 // spans alike.
 //
 // Where the signals go: Settings, whose zero fields leave it to the
@@ -33,6 +34,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -199,6 +201,18 @@ func (q *queue) done(n int, err error) {
 
 func (q *queue) stats() Stats { return Stats{Dropped: q.dropped.Load(), Failed: q.failed.Load()} }
 
+// httpMethod is an HTTP method as the conventions name it: one of the
+// methods they know, or "_OTHER" (the agent chooses the method, and a
+// name that holds what the agent chose is not one a backend can index).
+func httpMethod(m string) (string, bool) {
+	switch m {
+	case http.MethodConnect, http.MethodDelete, http.MethodGet, http.MethodHead, http.MethodOptions,
+		http.MethodPatch, http.MethodPost, http.MethodPut, http.MethodTrace, "QUERY":
+		return m, true
+	}
+	return "_OTHER", false
+}
+
 // attributes are a record's fields as OpenTelemetry attributes.
 func attributes(r *egresslog.Record) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 12)
@@ -212,8 +226,18 @@ func attributes(r *egresslog.Record) []attribute.KeyValue {
 	if r.Port != 0 {
 		attrs = append(attrs, attribute.Int("server.port", int(r.Port)))
 	}
+	switch {
+	case r.Kind == egresslog.KindHTTP && r.Method != "":
+		m, known := httpMethod(r.Method)
+		attrs = append(attrs, attribute.String("http.request.method", m))
+		if !known {
+			attrs = append(attrs, attribute.String("http.request.method_original", r.Method))
+		}
+	case r.Kind == egresslog.KindDNS && r.Method != "":
+		attrs = append(attrs, attribute.String("egress.dns.type", r.Method))
+	}
 	for _, kv := range []struct{ key, value string }{
-		{"http.request.method", r.Method}, {"url.path", r.Path}, {"egress.rule", r.Rule},
+		{"url.path", r.Path}, {"egress.rule", r.Rule},
 		{"egress.secret", r.Secret}, {"egress.tool", r.Tool}, {"egress.relay", r.Relay},
 	} {
 		if kv.value != "" {

@@ -281,3 +281,47 @@ func BenchmarkBlackHole(b *testing.B) {
 		})
 	}
 }
+
+// TestNamesTheAgentCannotMultiply: a span's name holds only a known
+// method and the policy entry that allowed the request, never a method or
+// a host the agent made up; what the agent sent stays in attributes, and
+// a DNS query type is not called an HTTP method.
+func TestNamesTheAgentCannotMultiply(t *testing.T) {
+	rc := otlptest.New()
+	s := Settings{Protocol: ProtocolHTTP, Endpoint: rc.ServeHTTPOn(t, listen(t)), Interval: time.Hour}
+	logs, err := NewLogs(t.Context(), s)
+	require.NoError(t, err)
+	spans, err := NewTraces(t.Context(), s)
+	require.NoError(t, err)
+	l := &egresslog.Log{Sinks: []egresslog.Sink{logs, spans}}
+	now := time.Now()
+	l.Record(egresslog.Record{Time: now, Agent: "a1", Kind: egresslog.KindHTTP, Host: "x7f3a.evil.test", Port: 80, Method: "EXFIL-7f3a",
+		Path: "/", Status: 403, Reason: "no entry matches"})
+	l.Record(egresslog.Record{Time: now, Agent: "a1", Kind: egresslog.KindHTTP, Host: "b81c.example.com", Port: 443, Method: "GET",
+		Path: "/", Status: 200, Allowed: true, Reason: "allowed by rule", Rule: "*.example.com"})
+	l.Record(egresslog.Record{Time: now, Agent: "a1", Kind: egresslog.KindDNS, Host: "c9d2.example.com", Method: "TXT",
+		Allowed: true, Reason: "allowed by rule", Rule: "*.example.com"})
+	require.NoError(t, l.Shutdown(t.Context()))
+
+	rc.Mu.Lock()
+	defer rc.Mu.Unlock()
+	var names []string
+	for _, s := range rc.Spans {
+		names = append(names, s.Name)
+	}
+	assert.ElementsMatch(t, []string{"HTTP", "GET *.example.com"}, names, "span names")
+	require.Len(t, rc.Logs, 3)
+	byHost := map[string]map[string]any{}
+	for _, r := range rc.Logs {
+		a := otlptest.Attrs(r.Attributes)
+		byHost[a["server.address"].(string)] = a
+	}
+	made := byHost["x7f3a.evil.test"]
+	assert.Equal(t, "_OTHER", made["http.request.method"])
+	assert.Equal(t, "EXFIL-7f3a", made["http.request.method_original"])
+	assert.Equal(t, "GET", byHost["b81c.example.com"]["http.request.method"])
+	assert.NotContains(t, byHost["b81c.example.com"], "http.request.method_original")
+	dns := byHost["c9d2.example.com"]
+	assert.Equal(t, "TXT", dns["egress.dns.type"])
+	assert.NotContains(t, dns, "http.request.method", "a DNS query type as an HTTP method")
+}

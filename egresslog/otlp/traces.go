@@ -98,7 +98,7 @@ func (s *TraceSink) WriteRecord(r *egresslog.Record) error {
 	if r.Trace != "" {
 		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": r.Trace})
 	}
-	_, span := s.tracer.Start(ctx, r.Method+" "+r.Host, trace.WithSpanKind(trace.SpanKindServer),
+	_, span := s.tracer.Start(ctx, spanName(r), trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(r.Time), trace.WithAttributes(attributes(r)...))
 	switch {
 	case !r.Allowed:
@@ -108,6 +108,20 @@ func (s *TraceSink) WriteRecord(r *egresslog.Record) error {
 	}
 	span.End(trace.WithTimestamp(r.Time.Add(r.Duration)))
 	return nil
+}
+
+// spanName is a known method, or HTTP, and, for an allowed request, the
+// policy entry that allowed it: names a backend indexes, which the agent
+// cannot multiply (its hosts and methods are attributes).
+func spanName(r *egresslog.Record) string {
+	name := "HTTP"
+	if m, known := httpMethod(r.Method); known {
+		name = m
+	}
+	if r.Allowed && r.Rule != "" {
+		name += " " + r.Rule
+	}
+	return name
 }
 
 // Flush implements egresslog.Sink. The batch processor exports on its own
