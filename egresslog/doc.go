@@ -58,7 +58,6 @@
 // which lines were removed, reordered or added, and which last lines no
 // seal covers yet (what a crash leaves, never counted as tampering).
 //
-// egresslog does not ship records anywhere but its sinks, does not rotate
-// files by age, and does not sign or chain what it writes; it imports
-// only the standard library.
+// egresslog does not ship records anywhere but its sinks (egresslog/otlp
+// has the OpenTelemetry ones); it imports only the standard library.
 package egresslog

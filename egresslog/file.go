@@ -38,6 +38,12 @@ const fileBuf = 64 << 10
 // already larger than MaxBytes when opened is rotated whole, before the
 // first line. Rotated files beyond Keep left by an earlier configuration
 // are left alone.
+//
+// Lines a write could not finish (a full disk) or a failed rotation
+// dropped are counted, and the next line written is a gap line
+// ({"dropped":n,"time":…}, as for GapSink). In an audit trail the chain
+// goes on from the last line the file holds, so a loss reads as the gap
+// it is, never as lines someone removed.
 type JSONFile struct {
 	Path string
 	// MaxBytes is the size a file may reach before it is rotated; zero
@@ -110,8 +116,16 @@ type segmentFile struct {
 	f       *os.File // the current segment; nil after a failed rotation, until reopened
 	written int64    // bytes in f
 	buf     []byte   // whole lines not yet written to f
-	closed  bool
-	chain   *chain // an audited file's; nil for others
+	// bufRecords are the records buf's lines stand for, and lost those
+	// of lines that never reached a file (a full disk, a failed
+	// rotation): the next line written is a gap line that says so.
+	bufRecords, lost uint64
+	closed           bool
+	chain            *chain // an audited file's; nil for others
+	// durable is the chain as of the last line in the file: what it
+	// goes back to when buffered lines are lost, so that the next line
+	// follows the last one the file holds.
+	durable chain
 }
 
 // open opens (or creates) the current segment, counting what it holds,
@@ -133,13 +147,25 @@ func (s *segmentFile) open() error {
 	if s.written > 0 && s.maxAge > 0 {
 		s.started = firstRecordTime(s.path, s.started)
 	}
-	if s.chain != nil && (s.written == 0 || !s.chain.inFile) {
-		// A new file (or one not audited before) begins with a segment
-		// line, chained to the last line of the file before.
+	if s.chain != nil {
+		if s.written == 0 {
+			s.chain.inFile = false
+		}
+		s.durable = *s.chain
+		s.beginChain()
+	}
+	return nil
+}
+
+// beginChain starts the current file's part of the chain, unless it has
+// begun: a new file (or one not audited before, or one whose first lines
+// were lost) begins with a segment line, chained to the last line of the
+// file before.
+func (s *segmentFile) beginChain() {
+	if !s.chain.inFile {
 		s.buf = append(s.buf, s.chain.segment()...)
 		s.chain.inFile = true
 	}
-	return nil
 }
 
 // endWhole cuts the file f, of size bytes, back to the end of its last
@@ -165,9 +191,21 @@ func endWhole(f *os.File, size int64) (int64, error) {
 	return 0, f.Truncate(0)
 }
 
-// writeLine adds one line, which ends in a newline, to the current
-// segment, rotating first if it would not fit.
-func (s *segmentFile) writeLine(line []byte) error {
+// writeLine adds one line, which ends in a newline and stands for
+// records records, to the current segment, rotating first if it would not
+// fit. Records lost before it are told first, in a gap line.
+func (s *segmentFile) writeLine(line []byte, records uint64) error {
+	if s.lost == 0 {
+		return s.addLine(line, records)
+	}
+	lost := s.lost
+	s.lost = 0
+	err := s.addLine(appendGapLine(nil, lost), lost)
+	return errors.Join(err, s.addLine(line, records))
+}
+
+// addLine is writeLine without the gap line.
+func (s *segmentFile) addLine(line []byte, records uint64) error {
 	if s.closed {
 		return fmt.Errorf("egresslog: write %s: %w", s.path, fs.ErrClosed)
 	}
@@ -179,20 +217,24 @@ func (s *segmentFile) writeLine(line []byte) error {
 	var err error
 	if s.full(len(line) + chainOverhead(s.chain)) {
 		if err = s.rotate(); s.f == nil {
-			return err // the line is dropped: the files stay bounded
+			s.lost += records // the line is dropped: the files stay bounded
+			return err
 		}
 	}
 	// Flushed before the line is linked: a flush may seal the chain, and
 	// a seal signs the lines before it, not one still to be written.
 	if len(s.buf)+len(line)+chainOverhead(s.chain) > fileBuf {
 		if ferr := s.flush(); ferr != nil {
+			s.lost += records
 			return errors.Join(err, ferr)
 		}
 	}
 	if s.chain != nil {
+		s.beginChain()
 		line = s.chain.link(line[:len(line)-1])
 	}
 	s.buf = append(s.buf, line...)
+	s.bufRecords += records
 	return err
 }
 
@@ -229,7 +271,8 @@ func firstRecordTime(path string, otherwise time.Time) time.Time {
 
 // flush writes the buffered lines. If the file takes only some of their
 // bytes, it is cut back to its last whole line and the lines are dropped,
-// so that no line is ever split.
+// so that no line is ever split; the chain goes back to the file's last
+// line, and the next line written says how many records were lost.
 func (s *segmentFile) flush() error {
 	if s.f != nil && s.chain != nil && s.chain.unsealed && time.Since(s.chain.sealed) >= DefaultSealEvery {
 		s.buf = append(s.buf, s.chain.seal(time.Now())...)
@@ -238,10 +281,18 @@ func (s *segmentFile) flush() error {
 		return nil
 	}
 	n, err := s.f.Write(s.buf)
-	s.buf = s.buf[:0]
+	records := s.bufRecords
+	s.buf, s.bufRecords = s.buf[:0], 0
 	if err == nil {
 		s.written += int64(n)
+		if s.chain != nil {
+			s.durable = *s.chain
+		}
 		return nil
+	}
+	s.lost += records
+	if s.chain != nil {
+		*s.chain = s.durable
 	}
 	err = fmt.Errorf("egresslog: write %s: %w", s.path, err)
 	if n > 0 {

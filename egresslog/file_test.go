@@ -1,6 +1,7 @@
 package egresslog
 
 import (
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
@@ -26,18 +27,46 @@ var lineLen = func() int64 {
 	return int64(len(r.AppendJSON(nil)) + 1)
 }()
 
-// readRecords reads a file of the sink, checking that every line parses.
+// readRecords reads a file of the sink, checking that every line parses;
+// gap lines are left out (readGaps counts them).
 func readRecords(t *testing.T, name string) []Record {
 	t.Helper()
 	data, err := os.ReadFile(name)
 	require.NoError(t, err)
 	var out []Record
 	for _, line := range splitLines(t, data) {
+		if gap(line) > 0 {
+			continue
+		}
 		r, err := ParseJSON(line)
 		require.NoError(t, err, "%s: %q", name, line)
 		out = append(out, r)
 	}
 	return out
+}
+
+// gap is the count of records a gap line says are missing, or 0 for
+// another line.
+func gap(line []byte) uint64 {
+	var g struct {
+		Dropped uint64 `json:"dropped"`
+	}
+	json.Unmarshal(line, &g)
+	return g.Dropped
+}
+
+// readGaps sums the records the gap lines of files say are missing.
+func readGaps(t *testing.T, names ...string) uint64 {
+	t.Helper()
+	var n uint64
+	for _, name := range names {
+		data, err := os.ReadFile(name)
+		require.NoError(t, err)
+		for _, line := range splitLines(t, data) {
+			n += gap(line)
+		}
+	}
+	return n
 }
 
 func writeAll(t *testing.T, s *JSONSink, from, to uint64, flushEvery int) {
@@ -184,7 +213,8 @@ func TestJSONFileClosed(t *testing.T) {
 
 // TestJSONFileRotationFails: when the rename chain fails, lines are
 // dropped and counted as errors rather than growing the file past its
-// bound; once it works again, rotation resumes.
+// bound, and gap lines say how many; once it works again, rotation
+// resumes.
 func TestJSONFileRotationFails(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "egress.jsonl")
@@ -208,6 +238,7 @@ func TestJSONFileRotationFails(t *testing.T) {
 	require.Len(t, got, 1)
 	assert.Equal(t, fileRec(5).Seq, got[0].Seq)
 	assert.Len(t, readRecords(t, path+".1"), 2)
+	assert.EqualValues(t, 2, readGaps(t, path+".1", path), "the records dropped, told in gap lines")
 }
 
 // TestJSONFileThroughLog: a Log's records reach a rotated file whole,

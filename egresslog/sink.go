@@ -185,10 +185,16 @@ func (s *JSONSink) WriteRecord(r *Record) error {
 	s.buf = r.AppendJSON(s.buf[:0])
 	s.buf = append(s.buf, '\n')
 	if s.file != nil {
-		return s.file.writeLine(s.buf)
+		return s.file.writeLine(s.buf, 1)
 	}
 	_, err := s.w.Write(s.buf)
 	return err
+}
+
+// appendGapLine appends the line that says n records are missing where
+// it stands.
+func appendGapLine(b []byte, n uint64) []byte {
+	return fmt.Appendf(b, `{"dropped":%d,"time":%q}`+"\n", n, time.Now().UTC().Format(time.RFC3339Nano))
 }
 
 // WriteGap implements GapSink: a line that says n records are missing
@@ -196,9 +202,9 @@ func (s *JSONSink) WriteRecord(r *Record) error {
 func (s *JSONSink) WriteGap(n uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.buf = fmt.Appendf(s.buf[:0], `{"dropped":%d,"time":%q}`+"\n", n, time.Now().UTC().Format(time.RFC3339Nano))
+	s.buf = appendGapLine(s.buf[:0], n)
 	if s.file != nil {
-		return s.file.writeLine(s.buf)
+		return s.file.writeLine(s.buf, n)
 	}
 	_, err := s.w.Write(s.buf)
 	return err
