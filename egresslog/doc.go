@@ -17,7 +17,7 @@
 // comes from [Log.Record] or [Conn.End]; what leaves it is what the rings
 // keep, the followers get and the sinks write, alike. A hostile agent
 // cannot grow any of them without bound, nor push its own denials out of
-// sight:
+// sight with allowed traffic:
 //
 //   - Rings. An agent's allowed records and its denied records (Allowed
 //     false, or Report: what [Filter] DeniedOnly selects) are kept in two
@@ -32,8 +32,12 @@
 //     the second is over (by one timer per Log) or by Shutdown or Close.
 //     [Log.Stats] still count every refusal. An agent's distinct reasons
 //     in a second are bounded (32, then OtherReason per kind), so a
-//     flood of refusals costs an agent's denied ring a few records a
-//     second, not one per refusal.
+//     flood of refusals costs an agent's denied ring at most 41 keys ×
+//     (DenialBurst + 1) records a second, not one per refusal. That is
+//     still a bounded ring's limit: at the defaults, a flood of refusals
+//     made to vary in reason moves the agent's older denials out of its
+//     ring in about 11 s. The files and the other sinks keep them, and
+//     Stats count them by reason.
 //   - Files. A [JSONFile] is rotated by size: at most Keep rotated files
 //     (DefaultKeepFiles, 3) of at most MaxBytes each (DefaultMaxFileBytes,
 //     100 MiB) besides the current one, so disk use is bounded by
