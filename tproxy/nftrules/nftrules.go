@@ -359,7 +359,9 @@ func (g GatewayRules) build(r *Rules) error {
 		}},
 		drop())})
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: established()})
-	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: neighbourDiscovery()})
+	for _, nd := range neighbourDiscovery() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: nd})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: acceptPort(unix.IPPROTO_UDP, g.DNSPort)})
 	for _, p := range append([]uint16{g.DNSPort, g.ProxyPort}, g.OpenPorts...) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: acceptPort(unix.IPPROTO_TCP, p)})
@@ -416,7 +418,9 @@ func (sc SidecarRules) build(r *Rules) {
 	// the exempt uid's flows (a reset for a socket already gone, a
 	// time-wait socket's ACK) have no uid and stay in too.
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: replies()})
-	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: neighbourDiscovery()})
+	for _, nd := range neighbourDiscovery() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: nd})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: []expr.Any{drop()}})
 }
 
@@ -691,14 +695,21 @@ func redirected() []expr.Any {
 	}
 }
 
-// neighbourDiscovery accepts ICMPv6 router and neighbour solicitations and
-// advertisements (types 133 to 136), without which IPv6 on a link fails.
-func neighbourDiscovery() []expr.Any {
-	return append(l4(unix.IPPROTO_ICMPV6, 0),
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
-		&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{133}, ToData: []byte{136}},
-		&expr.Verdict{Kind: expr.VerdictAccept},
-	)
+// neighbourDiscovery accepts, in two rules, ICMPv6 router solicitations
+// (type 133) and neighbour solicitations and advertisements (135, 136),
+// without which IPv6 on a link fails. Never a router advertisement (134)
+// or a redirect (137): a sandbox with a raw socket (root in a container
+// runtime's namespace) would make itself the other end's router, and
+// move the routes of every agent's upstream traffic onto its own link.
+func neighbourDiscovery() [][]expr.Any {
+	icmpType := func(from, to byte) []expr.Any {
+		return append(l4(unix.IPPROTO_ICMPV6, 0),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1},
+			&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: []byte{from}, ToData: []byte{to}},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		)
+	}
+	return [][]expr.Any{icmpType(133, 133), icmpType(135, 136)}
 }
 
 // prefixMatch matches the address in register reg against p.
