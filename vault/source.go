@@ -23,7 +23,9 @@ import (
 // log.
 type Source struct {
 	// File is an absolute path, read again when it changes (it is looked
-	// at, at most once a second, when the value is used).
+	// at, at most once a second, when the value is used). It must be
+	// owned by root or the gateway's user and readable by no other user
+	// (0600 or 0400, a Secret volume's defaultMode 0400).
 	File string `json:"file,omitempty"`
 	// Command is an absolute path and its arguments, run without a shell;
 	// its standard output is the value.

@@ -274,3 +274,39 @@ func TestSourceFileOthersCouldWrite(t *testing.T) {
 		assert.ErrorContains(t, err, "another user could change the value", path)
 	}
 }
+
+// TestSourceFileOthersCouldRead: a file others may read (a Kubernetes
+// Secret's files are 0644 by default), or whose group (not root's, not
+// the gateway's) may, or a link to one, is refused: a sandbox that sees
+// the host's files would read the value itself. Root's group and the
+// gateway's may read it.
+func TestSourceFileOthersCouldRead(t *testing.T) {
+	dir := t.TempDir()
+	for _, mode := range []os.FileMode{0o644, 0o604, 0o640} {
+		path := filepath.Join(dir, "token"+mode.String())
+		require.NoError(t, os.WriteFile(path, []byte("tok"), 0o600))
+		require.NoError(t, os.Chmod(path, mode))
+		if mode == 0o640 {
+			if os.Getuid() != 0 {
+				continue // needs root to give the file a group of a sandbox's
+			}
+			require.NoError(t, os.Chown(path, os.Getuid(), 4242))
+		}
+		link := path + ".link"
+		require.NoError(t, os.Symlink(path, link))
+		v, err := Open(&MemoryStorage{}, testKey(1), Config{})
+		require.NoError(t, err)
+		for _, p := range []string{path, link} {
+			err := v.SetSource(Secret{Name: "tok", Rule: hostRule("api"), Source: &Source{File: p}})
+			assert.ErrorContains(t, err, "readable by others", p)
+		}
+	}
+	for _, mode := range []os.FileMode{0o600, 0o440} {
+		private := filepath.Join(dir, "private"+mode.String())
+		require.NoError(t, os.WriteFile(private, []byte("tok"), 0o600))
+		require.NoError(t, os.Chmod(private, mode))
+		v, err := Open(&MemoryStorage{}, testKey(1), Config{})
+		require.NoError(t, err)
+		assert.NoError(t, v.SetSource(Secret{Name: "tok", Rule: hostRule("api"), Source: &Source{File: private}}), "mode %v", mode)
+	}
+}
