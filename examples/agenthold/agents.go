@@ -422,6 +422,16 @@ func wire(ctx context.Context, dataDir string, a *agent) error {
 			return fmt.Errorf("bound %s's queue for unresolved neighbours: %w", a.gwIface, err)
 		}
 	}
+	// Nor does the gateway take routes from the link (the rules drop
+	// router advertisements and redirects from agents before this is
+	// asked).
+	for _, setting := range []string{"ipv6/conf/%s/accept_ra", "ipv6/conf/%s/accept_redirects", "ipv4/conf/%s/accept_redirects"} {
+		path := filepath.Join("/proc/sys/net", fmt.Sprintf(setting, a.gwIface))
+		if err := os.WriteFile(path, []byte("0"), 0o644); err != nil {
+			unwire(a)
+			return fmt.Errorf("take no routes from %s: %w", a.gwIface, err)
+		}
+	}
 	if err := a.ns.IPBatch(
 		[]string{"link", "set", "lo", "up"},
 		[]string{"addr", "add", a.sb4.String() + "/" + strconv.Itoa(a.bits4), "dev", "eth0"},

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"strconv"
@@ -25,7 +26,8 @@ import (
 //   - a regular file becomes a pipe, relayed: the sandbox cannot reopen
 //     the operator's file (through /proc/self/fd) to read what it held.
 //
-// Pipes, sockets and other devices pass as they are.
+// Pipes, sockets and character devices pass as they are; anything else
+// (a directory, a block device) is refused.
 type sandboxStdio struct {
 	files    [3]*os.File    // what stage 2 gets
 	ttyFd    int            // which of them is the pty, to be the command's controlling terminal; -1 for none
@@ -70,8 +72,11 @@ func newSandboxStdio() (*sandboxStdio, error) {
 				s.theirs = append(s.theirs, w)
 				s.relay(f, r, true)
 			}
-		default:
+		case isStream(f):
 			s.files[i] = f
+		default:
+			s.close()
+			return nil, fmt.Errorf("standard %s is neither a terminal, a file, a pipe, a socket nor a character device: refused, a directory there would give the sandbox a way into this host's files", stdName[i])
 		}
 	}
 	if pty != nil {
@@ -152,6 +157,18 @@ func (s *sandboxStdio) close() {
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
+}
+
+// stdName names the standard descriptors.
+var stdName = [3]string{"input", "output", "error"}
+
+// isStream reports whether f is a pipe, a socket or a character device:
+// a stream of bytes and nothing more, which the sandbox may have as it
+// is. A directory (a handle into this host's mount namespace, past every
+// mount the sandbox's is made of) or a block device is not.
+func isStream(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeCharDevice) != 0
 }
 
 func isRegular(f *os.File) bool {

@@ -695,8 +695,10 @@ func (s *server) sandboxEnv(a *agent) []string {
 // execInfo is what exec needs to confine a command to a's sandbox.
 func (s *server) execInfo(a *agent) ExecInfo {
 	hide := []string{s.cfg.adminSocket(), s.cfg.masterKeyFile()}
-	if s.cfg.Egress.LogFile != "" {
-		hide = append(hide, s.cfg.Egress.LogFile)
+	for _, f := range []string{s.cfg.Egress.LogFile, s.cfg.Egress.Approvals.WebhookSecretFile} {
+		if f != "" {
+			hide = append(hide, f)
+		}
 	}
 	return ExecInfo{
 		Agent: a.spec.Name, NetNSPath: a.nsPath, ServerPID: os.Getpid(),
