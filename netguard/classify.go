@@ -120,8 +120,9 @@ func New(cfg Config) (*Guard, error) {
 }
 
 // SetOwn replaces the set of the gateway's own addresses, which are never
-// dialled so that the gateway never connects to itself. Call it again when
-// interfaces change; [LocalPrefixes] lists the host's.
+// dialled so that the gateway never connects to itself. [Guard.FollowLocal]
+// keeps them equal to the host's; a caller that sets them itself calls it
+// again whenever they change.
 func (g *Guard) SetOwn(own []netip.Prefix) {
 	entries := make([]prefixmap.Entry[class], 0, len(own))
 	for _, p := range own {

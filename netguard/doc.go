@@ -33,10 +33,12 @@
 //	d := &netguard.Dialer{Guard: g, AllowPrivate: pol.AllowPrivateNetworks()}
 //	conn, err := d.DialContext(ctx, "tcp", "api.github.com:443")
 //
-// A Guard's own addresses ([Guard.SetOwn], usually [LocalPrefixes]) are
-// never dialled: a gateway must not be a way to its own ports. A user who
-// declares loopback public for a test (Config.Public) still meets this
-// rule for the host's other addresses.
+// A Guard's own addresses ([Guard.FollowLocal], which keeps them equal to
+// the host's as they change, or [Guard.SetOwn]) are never dialled: a
+// gateway must not be a way to its own ports, those on an address it
+// gained after it started included. A user who declares loopback public
+// for a test (Config.Public) still meets this rule for the host's other
+// addresses.
 //
 // [ParseLiteral] recognises hosts that are addresses in disguise
 // ("2130706433", "0x7f000001", "127.1"), so that callers never mistake one

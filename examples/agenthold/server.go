@@ -252,18 +252,11 @@ func (s *server) openGuard() error {
 		return err
 	}
 	s.guard = g
-	return s.refreshOwnAddrs()
-}
-
-// refreshOwnAddrs tells netguard the gateway's own addresses, which are
-// never dialled.
-func (s *server) refreshOwnAddrs() error {
-	own, err := netguard.LocalPrefixes()
-	if err != nil {
-		return err
-	}
-	s.guard.SetOwn(own)
-	return nil
+	// The gateway's own addresses are never dialled, those it gains
+	// while it runs too.
+	follow, stop := context.WithCancel(context.Background())
+	s.servers.OnStop("own addresses", func(context.Context) error { stop(); return nil })
+	return g.FollowLocal(follow)
 }
 
 // startDataPlane starts DNS, the proxies and the nftables rules.
@@ -410,9 +403,9 @@ func (s *server) addAgent(ctx context.Context, spec AgentSpec) (*agent, error) {
 		unwire(a)
 		return nil, err
 	}
-	// The agent's gateway addresses need no refresh of the guard's own:
-	// they are in the pools, which it never dials (openGuard). Listing
-	// the host's addresses again would cost a dump of every agent's link.
+	// The agent's gateway addresses are in the pools, which the guard
+	// never dials (openGuard): its own addresses are not built again
+	// for them.
 	err = s.agents.add(a)
 	s.log.Info("agent up", "agent", spec.Name, "netns", a.ns.Name, "sandbox", a.sb4, "gateway", a.gw4, "uid", a.uid, "gid", a.gid)
 	return a, err

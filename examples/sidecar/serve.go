@@ -248,8 +248,12 @@ func startSidecar(ctx context.Context, p ports, policyPath, credPath, upstream s
 	if err != nil {
 		return sc, err
 	}
-	if own, err := netguard.LocalPrefixes(); err == nil {
-		guard.SetOwn(own)
+	// The Pod's own addresses are never dialled, those it gains while
+	// the sidecar runs too; without them known it does not start.
+	follow, stopFollowing := context.WithCancel(context.Background())
+	sc.servers.OnStop("own addresses", func(context.Context) error { stopFollowing(); return nil })
+	if err := guard.FollowLocal(follow); err != nil {
+		return sc, err
 	}
 	sc.log = &egresslog.Log{}
 	if logFile.Path != "" {
