@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -120,14 +119,16 @@ var validAgentName = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
 // its lock: every read and change of its maps and of an agent's spec goes
 // through its methods.
 type agents struct {
-	path string
-	mu   sync.RWMutex
-	byID map[string]*agent
-	src  map[netip.Addr]*agent // sandbox address -> agent
+	path   string
+	mu     sync.RWMutex
+	byID   map[string]*agent
+	src    map[netip.Addr]*agent        // sandbox address -> agent
+	tokens map[[sha256.Size]byte]*agent // remote agent's token hash -> agent
+	saving sync.Mutex                   // one save at a time, each of the registry as it is then
 }
 
 func newAgents(dataDir string) *agents {
-	return &agents{path: filepath.Join(dataDir, "agents.json"), byID: map[string]*agent{}, src: map[netip.Addr]*agent{}}
+	return &agents{path: filepath.Join(dataDir, "agents.json"), byID: map[string]*agent{}, src: map[netip.Addr]*agent{}, tokens: map[[sha256.Size]byte]*agent{}}
 }
 
 // load reads the persisted specs.
@@ -146,12 +147,19 @@ func (as *agents) load() ([]AgentSpec, error) {
 	return specs, nil
 }
 
-// saveLocked writes the specs atomically; the caller holds mu.
-func (as *agents) saveLocked() error {
+// save writes the specs atomically. The registry is read under mu, the
+// file written after it is released, so that no agent's DNS query or
+// connection waits on the disk for another agent's change; saving
+// serialises the saves, so that the last written is the newest.
+func (as *agents) save() error {
+	as.saving.Lock()
+	defer as.saving.Unlock()
+	as.mu.RLock()
 	specs := make([]AgentSpec, 0, len(as.byID))
 	for _, a := range as.byID {
 		specs = append(specs, a.spec)
 	}
+	as.mu.RUnlock()
 	sort.Slice(specs, func(i, j int) bool { return specs[i].Name < specs[j].Name })
 	data, err := json.MarshalIndent(specs, "", "  ")
 	if err != nil {
@@ -248,69 +256,83 @@ func (as *agents) idsInUse() map[uint32]bool {
 // add registers a wired (or remote) agent and saves the registry.
 func (as *agents) add(a *agent) error {
 	as.mu.Lock()
-	defer as.mu.Unlock()
 	if _, ok := as.byID[a.spec.Name]; ok {
+		as.mu.Unlock()
 		return fmt.Errorf("agent %q %w", a.spec.Name, errExists)
 	}
 	as.byID[a.spec.Name] = a
-	if !a.spec.Remote {
+	if a.spec.Remote {
+		// A hash that does not decode (an edited registry) is indexed
+		// nowhere: no token is the agent's.
+		if key, ok := tokenKey(a.spec.TokenHash); ok {
+			as.tokens[key] = a
+		}
+	} else {
 		as.src[a.sb4], as.src[a.sb6] = a, a
 	}
-	return as.saveLocked()
+	as.mu.Unlock()
+	return as.save()
+}
+
+// tokenKey is a token hash as written in a spec, as the tokens map's key.
+func tokenKey(hash string) (key [sha256.Size]byte, ok bool) {
+	b, err := hex.DecodeString(hash)
+	if err != nil || len(b) != len(key) {
+		return key, false
+	}
+	return [sha256.Size]byte(b), true
 }
 
 // byToken finds the remote agent whose token this is, with its policy:
-// the one named, or, for a Bearer token (no name), any. The hashes are
-// compared in constant time, and an unknown agent and a wrong token are
-// told apart to no one.
+// the one named, or, for a Bearer token (no name), any. It is found by
+// the token's SHA-256, in one map lookup whatever the number of agents:
+// what a lookup's time could tell is about a hash no one can aim at, and
+// an unknown agent and a wrong token are told apart to no one.
 func (as *agents) byToken(name, token string) (string, *policy.Policy, error) {
 	sum := sha256.Sum256([]byte(token))
 	as.mu.RLock()
 	defer as.mu.RUnlock()
-	candidates := as.byID
-	if name != "" {
-		candidates = map[string]*agent{name: as.byID[name]}
+	a := as.tokens[sum]
+	if a == nil || (name != "" && a.spec.Name != name) {
+		return "", nil, errBadToken
 	}
-	for _, a := range candidates {
-		if a == nil || !a.spec.Remote {
-			continue
-		}
-		want, _ := hex.DecodeString(a.spec.TokenHash)
-		if len(want) == len(sum) && subtle.ConstantTimeCompare(want, sum[:]) == 1 {
-			return a.spec.Name, a.policy.Load(), nil
-		}
-	}
-	return "", nil, errBadToken
+	return a.spec.Name, a.policy.Load(), nil
 }
 
 // remove forgets an agent and saves the registry.
 func (as *agents) remove(name string) (*agent, error) {
 	as.mu.Lock()
-	defer as.mu.Unlock()
 	a := as.byID[name]
 	if a == nil {
+		as.mu.Unlock()
 		return nil, fmt.Errorf("%w %q", errNoAgent, name)
 	}
 	delete(as.byID, name)
-	if !a.spec.Remote {
+	if a.spec.Remote {
+		if key, ok := tokenKey(a.spec.TokenHash); ok {
+			delete(as.tokens, key)
+		}
+	} else {
 		delete(as.src, a.sb4)
 		delete(as.src, a.sb6)
 	}
-	return a, as.saveLocked()
+	as.mu.Unlock()
+	return a, as.save()
 }
 
 // setPolicy replaces an agent's policy, compiled and as written, and
 // saves the registry.
 func (as *agents) setPolicy(name string, spec PolicySpec, pol *policy.Policy) error {
 	as.mu.Lock()
-	defer as.mu.Unlock()
 	a := as.byID[name]
 	if a == nil {
+		as.mu.Unlock()
 		return fmt.Errorf("%w %q", errNoAgent, name)
 	}
 	a.policy.Store(pol)
 	a.spec.Policy = spec
-	return as.saveLocked()
+	as.mu.Unlock()
+	return as.save()
 }
 
 // Errors the admin API maps to status codes.
