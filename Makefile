@@ -11,11 +11,11 @@ BIN := bin/agenthold
 # has its own).
 deps:
 	@missing=""; \
-	for c in curl git nft ip nsenter bc dig python3; do command -v $$c >/dev/null || missing=1; done; \
+	for c in curl git nft ip nsenter bc dig python3 conntrack; do command -v $$c >/dev/null || missing=1; done; \
 	python3 -m pip --version >/dev/null 2>&1 && python3 -c 'import requests' 2>/dev/null || missing=1; \
 	if [ -n "$$missing" ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			curl git nftables iproute2 util-linux ca-certificates bc dnsutils python3 python3-pip python3-requests >/dev/null; \
+			curl git nftables iproute2 util-linux ca-certificates bc dnsutils conntrack python3 python3-pip python3-requests >/dev/null; \
 	fi; \
 	if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; \

@@ -33,6 +33,12 @@ import (
 // dropped and counted (the "spoofed" counter in the table), so that a
 // sandbox that binds another address of its subnet (IPV6_FREEBIND needs
 // no privilege) speaks as nobody.
+//
+// No agent fills the connection tracking table that every agent's flows
+// share (when it is full, the kernel drops every agent's new flows): each
+// agent interface has a ceiling on new connections and on DNS packets,
+// and an agent's closed connections and DNS exchanges are forgotten
+// after 10 s, not the kernel's 30 to 120 s.
 type GatewayRules struct {
 	// Table names the nftables table (family inet); "" means
 	// DefaultTable.
@@ -68,7 +74,39 @@ type GatewayRules struct {
 	// DNS socket's queue, which every agent shares. Zero means
 	// DefaultDNSPacketsPerSecond.
 	DNSPacketsPerSecond uint32
+	// NewConnectionsPerSecond bounds the new TCP connections each agent
+	// interface may begin, in the kernel, with bursts of twice as many:
+	// a ceiling above any agent's own connection quota (which the proxy
+	// enforces, but only once the handshake has made an entry in the
+	// connection tracking table). Zero means
+	// DefaultNewConnectionsPerSecond.
+	NewConnectionsPerSecond uint32
 }
+
+// The timeouts of an agent's flows in the connection tracking table.
+// With the interface's ceilings they bound what one agent that connects
+// and closes as fast as it may holds of the table to some 50,000 entries
+// at the default ceilings (the table holds 262,144 by default on a large
+// host); with the kernel's timeouts it would hold it all.
+var (
+	agentTCPTimeouts = expr.CtStatePolicyTimeout{
+		// Until the gateway's SYN-ACK, which a local listener sends at
+		// once, or a SYN cookie does.
+		expr.CtStateTCPSYNSENT: 10, expr.CtStateTCPSYNRECV: 10, expr.CtStateTCPSYNSENT2: 10,
+		// Open connections keep the kernel's defaults: a half-closed
+		// one may still carry a long answer.
+		expr.CtStateTCPESTABLISHED: 432000, expr.CtStateTCPFINWAIT: 120, expr.CtStateTCPCLOSEWAIT: 60,
+		expr.CtStateTCPRETRANS: 300, expr.CtStateTCPUNACK: 300,
+		// Closed: both ends are on this host, and no late packet needs
+		// the flow's translation back.
+		expr.CtStateTCPLASTACK: 10, expr.CtStateTCPTIMEWAIT: 10, expr.CtStateTCPCLOSE: 10,
+	}
+	// The DNS server answers within its upstream timeout (2 s by
+	// default), well inside the unreplied one.
+	agentUDPTimeouts = expr.CtStatePolicyTimeout{expr.CtStateUDPUNREPLIED: 10, expr.CtStateUDPREPLIED: 10}
+
+	ctTimeoutMarshal sync.Mutex
+)
 
 // SidecarRules are the rules of sidecar mode, installed inside the
 // sandbox's own network namespace: every process's outbound TCP except
@@ -120,11 +158,14 @@ type Rules struct {
 const (
 	DefaultTable               = "egress"
 	DefaultDNSPacketsPerSecond = 2000
-	DefaultExemptUID           = 1337
-	DefaultDNSPort             = 15053
-	DefaultHTTPPort            = 15001
-	DefaultTLSPort             = 15002
-	DefaultOtherPort           = 15003
+	// DefaultNewConnectionsPerSecond is ten times policy's default
+	// connection quota, above what one agent reached on a 2-core host.
+	DefaultNewConnectionsPerSecond = 5000
+	DefaultExemptUID               = 1337
+	DefaultDNSPort                 = 15053
+	DefaultHTTPPort                = 15001
+	DefaultTLSPort                 = 15002
+	DefaultOtherPort               = 15003
 )
 
 const (
@@ -134,6 +175,9 @@ const (
 	// counterSpoofed counts the packets dropped for a source their
 	// interface does not admit.
 	counterSpoofed = "spoofed"
+	// The connection tracking timeouts of agents' flows.
+	timeoutAgentTCP = "agent_tcp"
+	timeoutAgentUDP = "agent_udp"
 )
 
 // Apply installs the gateway rules as one batch, replacing a table of the
@@ -358,6 +402,38 @@ func (g GatewayRules) build(r *Rules) error {
 			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(rate), Over: true, Unit: expr.LimitTimeSecond, Burst: 2 * rate},
 		}},
 		drop())})
+	// New TCP connections within the interface's ceiling; then every new
+	// flow of an agent's gets its timeouts, before the flow is confirmed
+	// in the table (at the end of this hook).
+	connRate := &nftables.Set{Table: t, Name: "conn_rate", KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian,
+		Dynamic: true, HasTimeout: true, Timeout: time.Minute}
+	if err := c.AddSet(connRate, nil); err != nil {
+		return fmt.Errorf("nftrules: set %s: %w", connRate.Name, err)
+	}
+	conns := g.NewConnectionsPerSecond
+	if conns == 0 {
+		conns = DefaultNewConnectionsPerSecond
+	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: append(ctNew(unix.IPPROTO_TCP),
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, lookup(r.ifaces),
+		&expr.Dynset{SrcRegKey: 1, SetName: connRate.Name, SetID: connRate.ID, Operation: dynsetUpdate, Exprs: []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(conns), Over: true, Unit: expr.LimitTimeSecond, Burst: 2 * conns},
+		}},
+		drop())})
+	for _, tm := range []struct {
+		name   string
+		proto  byte
+		policy expr.CtStatePolicyTimeout
+	}{{timeoutAgentTCP, unix.IPPROTO_TCP, agentTCPTimeouts}, {timeoutAgentUDP, unix.IPPROTO_UDP, agentUDPTimeouts}} {
+		// expr.CtTimeout writes its policy into the library's map of
+		// defaults as it marshals: one at a time.
+		ctTimeoutMarshal.Lock()
+		c.AddObj(&nftables.NamedObj{Table: t, Name: tm.name, Type: nftables.ObjTypeCtTimeout,
+			Obj: &expr.CtTimeout{L3Proto: unix.NFPROTO_INET, L4Proto: tm.proto, Policy: tm.policy}})
+		ctTimeoutMarshal.Unlock()
+		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: append(ctNew(tm.proto),
+			&expr.Objref{Type: int(nftables.ObjTypeCtTimeout), Name: tm.name})})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: established()})
 	for _, nd := range neighbourDiscovery() {
 		c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: nd})
@@ -657,6 +733,19 @@ func redirectPort(proto byte, dport, to uint16) []expr.Any {
 
 func acceptPort(proto byte, port uint16) []expr.Any {
 	return append(l4(proto, port), &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+// ctNew matches the first packet of a flow of protocol proto.
+func ctNew(proto byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitNEW),
+			Xor:  binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+	}
 }
 
 func established() []expr.Any {

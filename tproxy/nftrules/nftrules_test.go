@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,10 +67,46 @@ func recordBatch(t *testing.T, build func(*Rules) error) string {
 	require.NoError(t, r.conn.Flush())
 	var b strings.Builder
 	for _, m := range msgs {
-		b.WriteString(hex.EncodeToString(m.Data))
+		b.WriteString(hex.EncodeToString(canonical(t, m)))
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// canonical is a message's data with the policy of a ct timeout object
+// in the order of its attributes' types: the library writes it in the
+// order of a map.
+func canonical(t *testing.T, m netlink.Message) []byte {
+	const newObj = netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWOBJ)
+	const nested, ctTimeoutData = unix.NLA_F_NESTED, 3 // NFTA_CT_TIMEOUT_DATA
+	if m.Header.Type != newObj {
+		return m.Data
+	}
+	// rewrite applies f to the data of the nested attribute typ in b.
+	rewrite := func(b []byte, typ uint16, f func([]byte) []byte) []byte {
+		attrs, err := netlink.UnmarshalAttributes(b)
+		require.NoError(t, err)
+		for i, a := range attrs {
+			if a.Type == nested|typ {
+				attrs[i].Data = f(a.Data)
+			}
+		}
+		out, err := netlink.MarshalAttributes(attrs)
+		require.NoError(t, err)
+		return out
+	}
+	const header = 4 // struct nfgenmsg
+	body := rewrite(m.Data[header:], unix.NFTA_OBJ_DATA, func(obj []byte) []byte {
+		return rewrite(obj, ctTimeoutData, func(policy []byte) []byte {
+			attrs, err := netlink.UnmarshalAttributes(policy)
+			require.NoError(t, err)
+			slices.SortFunc(attrs, func(a, b netlink.Attribute) int { return int(a.Type) - int(b.Type) })
+			out, err := netlink.MarshalAttributes(attrs)
+			require.NoError(t, err)
+			return out
+		})
+	})
+	return append(slices.Clone(m.Data[:header]), body...)
 }
 
 func checkGolden(t *testing.T, name, got string) {
@@ -84,7 +121,9 @@ func checkGolden(t *testing.T, name, got string) {
 }
 
 // TestRulesetBytes checks, without root, the exact netlink batch each mode
-// sends: one batch, beginning by replacing the table.
+// sends: one batch, beginning by replacing the table. The library numbers
+// sets from one counter per process, so it runs before any test that
+// builds gateway rules (tests run in the order of their files' names).
 func TestRulesetBytes(t *testing.T) {
 	checkGolden(t, "gateway.nlmsg.golden", recordBatch(t, testGateway.build))
 	checkGolden(t, "sidecar.nlmsg.golden", recordBatch(t, func(r *Rules) error { testSidecar.build(r); return nil }))
