@@ -48,7 +48,7 @@ func TestPolicyChangeWhileJudged(t *testing.T) {
 	assert.Contains(t, r.Reason, ReasonPolicyChanged+policy.ReasonNoRule, "record %+v", r)
 	assert.Zero(t, r.BytesUp, "bytes went up: record %+v", r)
 
-	silentTCP.Write([]byte("after the change"))
+	silentTCP.Write([]byte("after the change\n"))
 	silentTCP.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got, err := io.ReadAll(silentTCP)
 	assert.Empty(t, got, "the server answered bytes the change refused")
@@ -155,7 +155,7 @@ func TestPolicyChangeWhileDialling(t *testing.T) {
 	close(release)
 	tun := <-answered
 	if tun.resp.StatusCode == http.StatusOK { // answered before it was judged again: ended at once
-		tun.c.Write([]byte("after the change"))
+		tun.c.Write([]byte("after the change\n"))
 		tun.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		got, _ := io.ReadAll(tun.br)
 		assert.Empty(t, got, "the tunnel carried bytes the change refused")

@@ -273,7 +273,7 @@ func BenchmarkNewConnections(b *testing.B) {
 					if !assert.NoError(b, err) { // not the benchmark's goroutine: no FailNow
 						return
 					}
-					c.Write([]byte("x"))
+					c.Write([]byte("x\n"))
 					_, err = io.ReadFull(c, buf)
 					assert.NoError(b, err)
 					c.Close()
@@ -366,7 +366,7 @@ func BenchmarkIdleConnectionMemory(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			c, err := net.Dial("tcp", addr)
 			require.NoError(b, err, "connection %d", i)
-			c.Write([]byte("x")) // commit to other TCP, then idle
+			c.Write([]byte("x\n")) // commit to other TCP, then idle
 			conns = append(conns, c)
 		}
 		held.Wait()
@@ -466,7 +466,7 @@ func BenchmarkNewTunnels(b *testing.B) {
 	explicit := benchExplicit(b, up.Addr())
 	minimal := minimalRelay(b, up.String())
 	compareTunnels(b, up, explicit, minimal, "conn/s", func(c net.Conn) error {
-		c.Write([]byte("x"))
+		c.Write([]byte("x\n"))
 		_, err := io.ReadFull(c, make([]byte, 1))
 		return err
 	})

@@ -55,10 +55,10 @@ func TestRejudgeEndsSplicedConnections(t *testing.T) {
 	require.Equal(t, "SSH-2.0-test_banner\r\n", line)
 
 	kept := w.dial(w.echoAddr) // judged by svc.test too
-	kept.Write([]byte("x"))    // spliced once the client speaks
+	kept.Write([]byte("x\n"))  // spliced once the client speaks
 	w.setNames("api.test")
 	other := w.dial(w.echoAddr) // judged by api.test, which both policies allow
-	other.Write([]byte("x"))
+	other.Write([]byte("x\n"))
 	require.Eventually(t, func() bool { return len(w.log.OpenConns("a1")) == 3 }, 5*time.Second, 10*time.Millisecond, "three spliced connections")
 
 	w.setPolicy(policy.Config{Mode: policy.Allowlist, Allow: []string{"api.test:*"}})
@@ -78,7 +78,7 @@ func TestRejudgeEndsSplicedConnections(t *testing.T) {
 	other.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got, err := io.ReadAll(other)
 	require.NoError(t, err, "a connection the new policy allows was ended")
-	assert.Equal(t, "echo:xstill here", string(got))
+	assert.Equal(t, "echo:x\nstill here", string(got))
 }
 
 // TestDenyEntryWithPortForRawTCP: under "*" and under open mode, a deny

@@ -5,7 +5,11 @@
 // agent by source address, and decides by name: TLS by the server name of
 // the ClientHello (read whole, however many TCP segments or TLS records it
 // spans), plain HTTP by the Host of every request on the connection, other
-// TCP by the name the agent resolved to that address through dnsfilter. An
+// TCP by the name the agent resolved to that address through dnsfilter.
+// Plain HTTP is any first line a server would take for a request line,
+// whatever the method's spelling or the line's length, and a first line
+// that could still become one when the client pauses is judged as HTTP:
+// no request reaches a server as other TCP, unjudged. An
 // address or prefix rule (and open mode) allows the address itself. It
 // then connects to what the name resolves to on the gateway, on the
 // original port, through netguard's dial-time check, so a forged SNI or a

@@ -354,7 +354,7 @@ func TestForget(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	w.setNames("api.test")
 	tc := w.dial(w.echoAddr)
-	tc.Write([]byte("x")) // other TCP, judged by the remembered name
+	tc.Write([]byte("x\n")) // other TCP, judged by the remembered name
 	require.Eventually(t, func() bool {
 		v, ok := w.proxy.agentConns.Load("a1")
 		return ok && len(v.(*connSet).snapshot()) == 2

@@ -176,7 +176,7 @@ func holdHelper(role string) int {
 				fmt.Fprintln(os.Stderr, err)
 				return 1
 			}
-			c.Write([]byte("x"))
+			c.Write([]byte("x\n"))
 			held = append(held, c)
 		}
 	default:

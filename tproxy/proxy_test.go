@@ -190,7 +190,7 @@ func TestRefusedUpstreamIsReset(t *testing.T) {
 	closed := netip.MustParseAddrPort(ln.Addr().String())
 	ln.Close()
 	c := w.dial(closed)
-	c.Write([]byte("x"))
+	c.Write([]byte("x\n"))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := c.Read(make([]byte, 1))
 	require.ErrorIs(t, err, syscall.ECONNRESET, "read after a refused upstream: want a reset")
@@ -207,7 +207,7 @@ func TestUpstreamResetIsReset(t *testing.T) {
 		reset(c.(*net.TCPConn))
 	})
 	c := w.dial(netip.MustParseAddrPort(ln.Addr().String()))
-	c.Write([]byte("x"))
+	c.Write([]byte("x\n"))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err := c.Read(make([]byte, 1))
 	require.ErrorIs(t, err, syscall.ECONNRESET, "read after the upstream reset: want a reset")
@@ -217,7 +217,7 @@ func TestIdleTimeout(t *testing.T) {
 	w := newWorld(t, nil, func(p *Proxy) { p.IdleTimeout = 200 * time.Millisecond })
 	w.setPolicy(policy.Config{Mode: policy.Open})
 	c := w.dial(w.echoAddr)
-	c.Write([]byte("x")) // then nothing
+	c.Write([]byte("x\n")) // then nothing
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, err := c.Read(make([]byte, 1))
 	require.Error(t, err, "idle connection got data")

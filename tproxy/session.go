@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strconv"
@@ -575,7 +576,16 @@ func (s *session) run(buffered []byte) {
 		// first still gets the connection.
 	}
 
-	switch sniff(buf) {
+	proto := sniff(buf)
+	if proto == protoUnknown && len(buf) > 0 && !errors.Is(clientErr, io.EOF) {
+		// A first line of text that had not ended when the client
+		// paused or filled the buffer may go on as a request line:
+		// judged as HTTP, where what is not HTTP is refused. (One the
+		// client ended the stream on is no request a server takes: a
+		// request's head ends with an empty line.)
+		proto = protoHTTP
+	}
+	switch proto {
 	case protoTLS:
 		s.serveTLS(&buf, &sp)
 	case protoHTTP:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -20,9 +21,19 @@ const (
 	protoOther
 )
 
-// sniff classifies the first bytes of a connection. A TLS handshake record
-// starts 0x16 0x03; an HTTP/1 request starts with a method token of capital
-// letters and a space. Anything else is other TCP.
+// sniff classifies the first bytes of a connection. A TLS handshake
+// record starts 0x16 0x03. An HTTP/1 request is any first line a server
+// might take for a request line: a method (any token: a server such as
+// Go's takes "get", "M-SEARCH" or a method of any length), a space, and a
+// line that names "HTTP/" in any case, after the empty lines servers skip
+// before a request. The common case, a method of capital letters and a
+// space, is told without waiting for the line's end. Other TCP is bytes
+// no request line begins with (a method of a character no token has, a
+// control character after it) or a first line that does not name HTTP.
+// A first line that could still become a request line is unknown: the
+// caller reads on, and judges it as HTTP if it never ends (see
+// session.run), so that no request passes unjudged for being spelt
+// unusually, being long, or arriving slowly.
 func sniff(b []byte) protocol {
 	if len(b) == 0 {
 		return protoUnknown
@@ -36,15 +47,62 @@ func sniff(b []byte) protocol {
 		}
 		return protoOther
 	}
-	for i, c := range b {
+	if capitalMethod(b) {
+		return protoHTTP
+	}
+	line := bytes.TrimLeft(b, "\r\n")
+	method := 0
+	for method < len(line) && isTokenChar(line[method]) {
+		method++
+	}
+	switch {
+	case method == len(line):
+		return protoUnknown // a method, or empty lines, so far
+	case method == 0 || line[method] != ' ':
+		return protoOther
+	}
+	for i, c := range line {
 		switch {
-		case c == ' ' && i >= 3:
-			return protoHTTP
-		case c < 'A' || c > 'Z' || i >= 12:
+		case c == '\n':
+			if containsFold(line[:i], "HTTP/") {
+				return protoHTTP
+			}
+			return protoOther
+		case c < ' ' && c != '\t' && c != '\r', c == 0x7f:
 			return protoOther
 		}
 	}
 	return protoUnknown
+}
+
+// capitalMethod reports whether b starts with 3 to 12 capital letters and
+// a space, as nearly every HTTP request does.
+func capitalMethod(b []byte) bool {
+	for i, c := range b[:min(len(b), 13)] {
+		switch {
+		case c == ' ':
+			return i >= 3
+		case c < 'A' || c > 'Z':
+			return false
+		}
+	}
+	return false
+}
+
+// isTokenChar reports whether c may be in an HTTP token (RFC 9110 5.6.2),
+// as a method is.
+func isTokenChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// containsFold reports whether b holds the ASCII string sub, in any case.
+func containsFold(b []byte, sub string) bool {
+	for i := 0; i+len(sub) <= len(b); i++ {
+		if bytes.EqualFold(b[i:i+len(sub)], []byte(sub)) { // not a name: a protocol token
+			return true
+		}
+	}
+	return false
 }
 
 // ErrECH says that a ClientHello offers Encrypted Client Hello, whose

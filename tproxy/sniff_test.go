@@ -84,10 +84,27 @@ func TestSniff(t *testing.T) {
 		{"GE", protoUnknown},
 		{"OPTIONS * HTTP/1.1", protoHTTP},
 		{"SSH-2.0-OpenSSH_9.6\r\n", protoOther},
-		{"get / HTTP/1.1", protoOther},
-		{"GET/", protoOther},
-		{"ABCDEFGHIJKLMNOP ", protoOther},
 		{"\x00\x00\x00\x4a\x00", protoOther},
+		{"*1\r\n$4\r\nPING\r\n", protoOther}, // Redis
+		{"get key\r\n", protoOther},          // memcached
+		{"0033git-upload-pack /x.git\x00host=h\x00", protoOther},
+		{"x\n", protoOther},
+		{"hello, world", protoOther},
+		{"{\"op\":1}", protoOther},
+		// Request lines a server takes, whatever the method's spelling:
+		// HTTP, or text to read on until its line ends.
+		{"get / HTTP/1.1\r\n", protoHTTP},
+		{"get / HTTP/1.1", protoUnknown},
+		{"M-SEARCH * HTTP/1.1\r\n", protoHTTP},
+		{"ABCDEFGHIJKLMNOP / HTTP/1.1\r\n", protoHTTP},
+		{"ABCDEFGHIJKLMNOP ", protoUnknown},
+		{"GO / http/1.0\n", protoHTTP},
+		{"\r\n\r\nget / HTTP/1.1\r\n", protoHTTP},
+		{"\r\n", protoUnknown},
+		{"x", protoUnknown},
+		{"get /\x80\xff HTTP/1.1\r\n", protoHTTP},
+		{"GET/", protoOther}, // no method is followed by a slash
+		{"get /\x01 HTTP/1.1\r\n", protoOther},
 	}
 	for _, tt := range tests {
 		assert.Equal(t, tt.want, sniff([]byte(tt.in)), "sniff(%q)", tt.in)
@@ -160,4 +177,22 @@ func TestEncryptedClientHelloRefused(t *testing.T) {
 	h, err = parseHello(other)
 	require.NoError(t, err, "an unknown extension")
 	require.Equal(t, "api.example.test", h.serverName, "an unknown extension: %+v", h)
+}
+
+// FuzzSniff: a classification, once made, never changes with the bytes
+// that follow, so that what the proxy decided on the first read is what
+// the whole stream would have been judged as.
+func FuzzSniff(f *testing.F) {
+	for _, seed := range []string{"GET / HTTP/1.1\r\n", "get / HTTP/1.1\r\n", "\r\nM-SEARCH * HTTP/1.1\r\n", "SSH-2.0-x\r\n", "\x16\x03\x01", "*1\r\n", "\x00\x01"} {
+		f.Add([]byte(seed), []byte("\r\nHost: x\r\n\r\n"))
+	}
+	f.Fuzz(func(t *testing.T, b, more []byte) {
+		got := sniff(b)
+		if got == protoUnknown {
+			return
+		}
+		if after := sniff(append(b[:len(b):len(b)], more...)); after != got {
+			t.Fatalf("sniff(%q) = %v, but %v once %q follows", b, got, after, more)
+		}
+	})
 }
