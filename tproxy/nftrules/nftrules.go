@@ -3,6 +3,7 @@
 package nftrules
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -186,7 +187,7 @@ func (g GatewayRules) Apply() (*Rules, error) {
 	if !g.NoNetwork && (g.DNSPort == 0 || g.ProxyPort == 0) {
 		return nil, errors.New("nftrules: gateway rules need a DNS port and a proxy port")
 	}
-	r, err := openRules(g.NetNS, orString(g.Table, DefaultTable))
+	r, err := openRules(g.NetNS, cmp.Or(g.Table, DefaultTable))
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +205,7 @@ func (g GatewayRules) Apply() (*Rules, error) {
 // Apply installs the sidecar rules as one batch, replacing a table of the
 // same name.
 func (sc SidecarRules) Apply() (*Rules, error) {
-	r, err := openRules(sc.NetNS, orString(sc.Table, DefaultTable))
+	r, err := openRules(sc.NetNS, cmp.Or(sc.Table, DefaultTable))
 	if err != nil {
 		return nil, err
 	}
@@ -214,13 +215,6 @@ func (sc SidecarRules) Apply() (*Rules, error) {
 		return nil, fmt.Errorf("nftrules: install sidecar rules: %w", err)
 	}
 	return r, nil
-}
-
-func orString(s, def string) string {
-	if s != "" {
-		return s
-	}
-	return def
 }
 
 // openRules opens an nftables connection in a namespace; extra options
@@ -387,39 +381,17 @@ func (g GatewayRules) build(r *Rules) error {
 	// agent_in: DNS within its kernel ceiling (before the established
 	// rule: a UDP flow is established after its first answer), replies,
 	// IPv6 neighbour discovery, the named ports; else drop.
-	dnsRate := &nftables.Set{Table: t, Name: "dns_rate", KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian,
-		Dynamic: true, HasTimeout: true, Timeout: time.Minute}
-	if err := c.AddSet(dnsRate, nil); err != nil {
-		return fmt.Errorf("nftrules: set %s: %w", dnsRate.Name, err)
+	if err := perInterfaceCeiling(c, agentIn, "dns_rate", cmp.Or(g.DNSPacketsPerSecond, DefaultDNSPacketsPerSecond),
+		l4(unix.IPPROTO_UDP, g.DNSPort), nil); err != nil {
+		return err
 	}
-	rate := g.DNSPacketsPerSecond
-	if rate == 0 {
-		rate = DefaultDNSPacketsPerSecond
+	// New TCP connections on agent interfaces within their ceiling; then
+	// every new flow of an agent's gets its timeouts, before the flow is
+	// confirmed in the table (at the end of this hook).
+	if err := perInterfaceCeiling(c, agentIn, "conn_rate", cmp.Or(g.NewConnectionsPerSecond, DefaultNewConnectionsPerSecond),
+		ctNew(unix.IPPROTO_TCP), r.ifaces); err != nil {
+		return err
 	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: append(l4(unix.IPPROTO_UDP, g.DNSPort),
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Dynset{SrcRegKey: 1, SetName: dnsRate.Name, SetID: dnsRate.ID, Operation: dynsetUpdate, Exprs: []expr.Any{
-			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(rate), Over: true, Unit: expr.LimitTimeSecond, Burst: 2 * rate},
-		}},
-		drop())})
-	// New TCP connections within the interface's ceiling; then every new
-	// flow of an agent's gets its timeouts, before the flow is confirmed
-	// in the table (at the end of this hook).
-	connRate := &nftables.Set{Table: t, Name: "conn_rate", KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian,
-		Dynamic: true, HasTimeout: true, Timeout: time.Minute}
-	if err := c.AddSet(connRate, nil); err != nil {
-		return fmt.Errorf("nftrules: set %s: %w", connRate.Name, err)
-	}
-	conns := g.NewConnectionsPerSecond
-	if conns == 0 {
-		conns = DefaultNewConnectionsPerSecond
-	}
-	c.AddRule(&nftables.Rule{Table: t, Chain: agentIn, Exprs: append(ctNew(unix.IPPROTO_TCP),
-		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, lookup(r.ifaces),
-		&expr.Dynset{SrcRegKey: 1, SetName: connRate.Name, SetID: connRate.ID, Operation: dynsetUpdate, Exprs: []expr.Any{
-			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(conns), Over: true, Unit: expr.LimitTimeSecond, Burst: 2 * conns},
-		}},
-		drop())})
 	for _, tm := range []struct {
 		name   string
 		proto  byte
@@ -733,6 +705,28 @@ func redirectPort(proto byte, dport, to uint16) []expr.Any {
 
 func acceptPort(proto byte, port uint16) []expr.Any {
 	return append(l4(proto, port), &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+// perInterfaceCeiling adds a rule to chain that drops the packets match
+// picks out beyond rate a second, with bursts of twice as many, for each
+// input interface (of the set within, if not nil) on its own: a dynamic
+// set of that name keeps each interface's limit.
+func perInterfaceCeiling(c *nftables.Conn, chain *nftables.Chain, name string, rate uint32, match []expr.Any, within *nftables.Set) error {
+	set := &nftables.Set{Table: chain.Table, Name: name, KeyType: nftables.TypeIFName, KeyByteOrder: binaryutil.NativeEndian,
+		Dynamic: true, HasTimeout: true, Timeout: time.Minute}
+	if err := c.AddSet(set, nil); err != nil {
+		return fmt.Errorf("nftrules: set %s: %w", name, err)
+	}
+	exprs := append(match, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1})
+	if within != nil {
+		exprs = append(exprs, lookup(within))
+	}
+	c.AddRule(&nftables.Rule{Table: chain.Table, Chain: chain, Exprs: append(exprs,
+		&expr.Dynset{SrcRegKey: 1, SetName: set.Name, SetID: set.ID, Operation: dynsetUpdate, Exprs: []expr.Any{
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: uint64(rate), Over: true, Unit: expr.LimitTimeSecond, Burst: 2 * rate},
+		}},
+		drop())})
+	return nil
 }
 
 // ctNew matches the first packet of a flow of protocol proto.
