@@ -2,6 +2,7 @@ package dnsfilter
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,6 +112,12 @@ func filter(up *dns.Msg, q dns.Question, o filterOptions) answer {
 				c.Hdr.Ttl = ttl
 				a.records = append(a.records, &dns.HTTPS{SVCB: *c})
 			}
+		case *dns.CNAME:
+			// Only the chain's own links: another CNAME of a name in
+			// it would hand the agent a name nothing judged.
+			if i := indexName(chain, h.Name); i >= 0 && i+1 < len(chain) && hostname.Same(chain[i+1], v.Target) {
+				a.records = append(a.records, &dns.CNAME{Hdr: withTTL(h, ttl), Target: v.Target})
+			}
 		default:
 			c := dns.Copy(rr)
 			c.Header().Ttl = ttl
@@ -174,11 +181,9 @@ func withTTL(h *dns.RR_Header, ttl uint32) dns.RR_Header {
 }
 
 // containsName reports whether n (off the wire) is one of names.
-func containsName(names []string, n string) bool {
-	for _, x := range names {
-		if hostname.Same(x, n) {
-			return true
-		}
-	}
-	return false
+func containsName(names []string, n string) bool { return indexName(names, n) >= 0 }
+
+// indexName is the index of the first of names that is n, or -1.
+func indexName(names []string, n string) int {
+	return slices.IndexFunc(names, func(x string) bool { return hostname.Same(x, n) })
 }

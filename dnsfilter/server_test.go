@@ -246,7 +246,7 @@ func TestAnswerFiltering(t *testing.T) {
 }
 
 func TestCNAMEChain(t *testing.T) {
-	h := newHarness(t, []string{"cname.test", "a.test", "cdn.test", "loop.test", "loop2.test"}, nil)
+	h := newHarness(t, []string{"cname.test", "a.test", "cdn.test", "loop.test", "loop2.test", "twocname.test"}, nil)
 	resp := h.query("udp", "127.0.0.1", "cname.test", dns.TypeA, false)
 	assert.Equal(t, "CNAME a.test. 140.82.112.3", strings.Join(answerStrings(resp), " "), "allowed chain")
 	assert.Equal(t, []string{"cname.test"}, h.srv.Names("a1", netip.MustParseAddr("140.82.112.3")), "remembered names: want the name the agent asked for")
@@ -258,6 +258,11 @@ func TestCNAMEChain(t *testing.T) {
 	assert.Contains(t, r.Reason, "CNAME target edge.cdn.example", "record Reason")
 	resp = h.query("udp", "127.0.0.1", "loop.test", dns.TypeA, false)
 	assert.Equal(t, dns.RcodeSuccess, resp.Rcode, "CNAME loop: rcode")
+
+	// A second CNAME of a name in the chain names what no one judged:
+	// only the chain's own links reach the agent.
+	resp = h.query("udp", "127.0.0.1", "twocname.test", dns.TypeA, false)
+	assert.Equal(t, "CNAME a.test. 140.82.112.3", strings.Join(answerStrings(resp), " "), "a name with two CNAMEs")
 
 	trusting := newHarness(t, []string{"cdn.test"}, func(s *Server) { s.TrustCNAME = true })
 	resp = trusting.query("udp", "127.0.0.1", "cdn.test", dns.TypeA, false)

@@ -24,6 +24,7 @@ var zone = map[string][]string{
 	"cname.test.":      {"cname.test. 60 IN CNAME a.test.", "a.test. 60 IN A 140.82.112.3"},
 	"cdn.test.":        {"cdn.test. 60 IN CNAME edge.cdn.example.", "edge.cdn.example. 60 IN A 140.82.112.9"},
 	"loop.test.":       {"loop.test. 60 IN CNAME loop2.test.", "loop2.test. 60 IN CNAME loop.test."},
+	"twocname.test.":   {"twocname.test. 60 IN CNAME a.test.", "twocname.test. 60 IN CNAME internal.corp.", "a.test. 60 IN A 140.82.112.3", "internal.corp. 60 IN A 140.82.112.66"},
 	"stray.test.":      {"stray.test. 60 IN A 140.82.112.5", "other.example. 60 IN A 140.82.112.6"},
 	"txt.test.":        {`txt.test. 60 IN TXT "hello"`},
 	"zero.test.":       {"zero.test. 0 IN A 140.82.112.7"},
