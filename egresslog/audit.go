@@ -175,12 +175,12 @@ func Verify(pub ed25519.PublicKey, paths ...string) (Verification, error) {
 	var seq uint64
 	started := false
 	var pending []Place // chained lines since the last valid seal
-	for _, path := range paths {
+	for i, path := range paths {
 		f, err := os.Open(path)
 		if err != nil {
 			return v, err
 		}
-		err = v.verifyFile(f, path, pub, &prev, &seq, &started, &pending)
+		err = v.verifyFile(f, path, i == len(paths)-1, pub, &prev, &seq, &started, &pending)
 		f.Close()
 		if err != nil {
 			return v, err
@@ -190,7 +190,10 @@ func Verify(pub ed25519.PublicKey, paths ...string) (Verification, error) {
 	return v, nil
 }
 
-func (v *Verification) verifyFile(r io.Reader, path string, pub ed25519.PublicKey, prev *[32]byte, seq *uint64, started *bool, pending *[]Place) error {
+// verifyFile checks one file; last says it is the newest, the only one
+// a crash can have left a line of cut short in (a rotated file ends with
+// its whole seal line, and a restart cuts a torn line off).
+func (v *Verification) verifyFile(r io.Reader, path string, last bool, pub ed25519.PublicKey, prev *[32]byte, seq *uint64, started *bool, pending *[]Place) error {
 	br := bufio.NewReader(r)
 	first := true // no chained line of this file read yet
 	for n := 1; ; n++ {
@@ -203,6 +206,10 @@ func (v *Verification) verifyFile(r io.Reader, path string, pub ed25519.PublicKe
 		}
 		at := Place{path, n}
 		if !bytes.HasSuffix(line, []byte("\n")) {
+			if !last {
+				v.Problems = append(v.Problems, Problem{at, "a line without its end in a finished file (added)"})
+				return nil
+			}
 			// A line cut short: a crash mid-write, if nothing follows.
 			*pending = append(*pending, at)
 			return nil

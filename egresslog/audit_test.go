@@ -237,6 +237,14 @@ func TestAuditTampering(t *testing.T) {
 			replaceSegment(t, files[1], forger)
 			return files[1], 0
 		}, "a seal that does not sign the lines before it"},
+		{"a record without its newline at the end of a rotated file", func(t *testing.T, files []string) (string, int) {
+			f, err := os.OpenFile(files[1], os.O_APPEND|os.O_WRONLY, 0)
+			require.NoError(t, err)
+			defer f.Close()
+			_, err = f.WriteString(`{"seq":7,"time":"2026-01-01T00:00:00Z","agent":"a1","kind":"tls","host":"forged.example","port":443,"allowed":true}`)
+			require.NoError(t, err)
+			return files[1], 0
+		}, "a line without its end in a finished file"},
 		{"cut by a crash mid-write", func(t *testing.T, files []string) (string, int) {
 			last := files[len(files)-1]
 			data, err := os.ReadFile(last)
