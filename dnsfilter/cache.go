@@ -13,7 +13,13 @@ import (
 const (
 	DefaultCacheSize = 10000
 	maxCacheTTL      = time.Hour
-	maxNegativeTTL   = 5 * time.Minute
+	// minCacheTTL is how long an answer is kept at least, whatever its
+	// TTL says (zero included): a name whose answers are not to be
+	// cached would otherwise go to its zone's name server at every
+	// lookup, and the order of lookups among a few such names would
+	// carry data there at the agent's query rate.
+	minCacheTTL    = 5 * time.Second
+	maxNegativeTTL = 5 * time.Minute
 )
 
 // cacheKey identifies an upstream answer. The name is lower case; the
@@ -44,6 +50,15 @@ func newCache(size int) *cache {
 }
 
 // get returns a cached answer and how long it has been cached.
+// has reports whether an answer for k is stored: a lookup of it would
+// not go upstream.
+func (c *cache) has(k cacheKey, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries.Get(k)
+	return ok && now.Before(e.expires)
+}
+
 func (c *cache) get(k cacheKey, now time.Time) (*dns.Msg, time.Duration, bool) {
 	c.mu.Lock()
 	e, ok := c.entries.Get(k)
@@ -60,12 +75,13 @@ func (c *cache) get(k cacheKey, now time.Time) (*dns.Msg, time.Duration, bool) {
 
 // put stores an answer that owner's query brought for its TTL: the
 // smallest TTL of its records, or for a negative answer the SOA's,
-// bounded. Answers with a zero TTL, and failures, are not stored.
+// bounded (minCacheTTL, maxCacheTTL). Failures are not stored.
 func (c *cache) put(owner string, k cacheKey, m *dns.Msg, now time.Time) {
 	ttl, ok := cacheTTL(m)
-	if !ok || ttl <= 0 {
+	if !ok {
 		return
 	}
+	ttl = max(ttl, minCacheTTL)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.entries.Put(owner, k, cacheEntry{msg: m, stored: now, expires: now.Add(ttl)})

@@ -36,7 +36,7 @@ func TestCacheBookkeeping(t *testing.T) {
 		case 0, 1:
 			ttl := uint32(1 + rng.IntN(30))
 			c.put(owner, k, answer(ttl), now)
-			expires[k] = now.Add(time.Duration(ttl) * time.Second)
+			expires[k] = now.Add(max(time.Duration(ttl)*time.Second, minCacheTTL))
 		default:
 			if _, _, ok := c.get(k, now); ok {
 				require.True(t, now.Before(expires[k]), "step %d: an answer served past its TTL", step)

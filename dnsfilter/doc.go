@@ -27,7 +27,9 @@
 // Every address the agent is given is remembered as address → name for
 // the record's TTL, bounded below and above ([Server.Names]): tproxy judges
 // TCP that is neither TLS nor HTTP by the name the agent resolved. Answers
-// are cached by TTL (Server.CacheSize; each belongs to the agent whose
+// are cached by TTL, for 5 s at least, a TTL of 0 included, so that a
+// zone's name server does not learn the order of an agent's lookups at
+// its query rate (Server.CacheSize; each belongs to the agent whose
 // query brought it, and a full cache makes room from the agent that holds
 // the most, so that one agent's flood of names evicts its own answers, not
 // its neighbours'), concurrent identical queries share one upstream

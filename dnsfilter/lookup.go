@@ -41,7 +41,7 @@ func (s *Server) LookupNetIP(ctx context.Context, network, host string) ([]netip
 		// one the agent looks up itself.
 		// Its verdict reaches the record of the connection or request
 		// the lookup is for.
-		if why := s.suspectTunnel(agent, name, dns.TypeA); why != "" {
+		if why := s.suspectTunnel(agent, name, dns.TypeA, false); why != "" {
 			egresslog.NotesFrom(ctx).Add(why)
 			if s.Tunnel.Refuse {
 				return nil, &net.DNSError{Err: why, Name: host, IsNotFound: true}

@@ -486,13 +486,13 @@ func (s *Server) answer(req *dns.Msg, agent string, pol *policy.Policy, seen uin
 	if !d.Allowed {
 		return blocked(resp, dns.RcodeNameError, d.Reason), rec
 	}
-	suspect := s.suspectTunnel(agent, rec.Host, q.Qtype)
+	do := opt != nil && opt.Do()
+	suspect := s.suspectTunnel(agent, rec.Host, q.Qtype, do)
 	if suspect != "" && s.Tunnel.Refuse {
 		rec.Allowed, rec.Reason = false, suspect
 		return blocked(resp, dns.RcodeRefused, ReasonTunnel), rec
 	}
 
-	do := opt != nil && opt.Do()
 	ctx, cancel := context.WithTimeout(context.Background(), cmpDur(s.Timeout, DefaultTimeout))
 	defer cancel()
 	up, age, err := s.resolve(ctx, asker{agent: agent}, rec.Host, q, do)
@@ -553,11 +553,14 @@ func forwarded(qtype uint16) bool {
 	return ok
 }
 
-// suspectTunnel counts agent's lookup of name towards tunnelling, and
+// suspectTunnel counts agent's lookup of name towards tunnelling (asked
+// with the DNSSEC OK bit do or not, which the cache tells apart), and
 // says why it is suspect ("" if it is not), logging when the agent's
 // lookups under the name's zone become so.
-func (s *Server) suspectTunnel(agent, name string, qtype uint16) string {
-	sus := s.tunnel.observe(agent, name, qtype, time.Now())
+func (s *Server) suspectTunnel(agent, name string, qtype uint16, do bool) string {
+	now := time.Now()
+	upstream := s.cache == nil || !s.cache.has(cacheKey{name: dns.Fqdn(name), qtype: qtype, do: do}, now)
+	sus := s.tunnel.observe(agent, name, qtype, upstream, now)
 	if sus.changed {
 		s.logger().Warn(ReasonTunnel, "agent", agent, "name", name, "why", sus.why, "refused", s.Tunnel.Refuse)
 	}

@@ -22,7 +22,10 @@ import (
 // its characters (at least what its length tells); a label seen before
 // in the zone costs the bits it takes to choose it among the zone's labels
 // so far (so that data spelt as an order of known labels costs too); a
-// known name asked with a new query type costs a bit. Beyond any bound,
+// known name asked with a new query type costs a bit, and one asked
+// again that goes to the name server (not answered from the cache) the
+// bits it takes to choose it among the zone's names (so that data spelt
+// as an order of lookups among a few names costs too). Beyond any bound,
 // the agent's lookups under the zone are suspect for the rest of the
 // window; beyond a bound on the information of all its zones together
 // (a tunnel spread over many zones), all its lookups under any zone are.
@@ -122,8 +125,9 @@ type suspicion struct {
 }
 
 // observe counts a lookup of name (canonical, with or without the final
-// dot) of type qtype by agent at now.
-func (d *tunnelDetector) observe(agent, name string, qtype uint16, now time.Time) suspicion {
+// dot) of type qtype by agent at now; upstream says it will reach the
+// name server, not the cache.
+func (d *tunnelDetector) observe(agent, name string, qtype uint16, upstream bool, now time.Time) suspicion {
 	name = strings.TrimSuffix(name, ".")
 	zone, err := publicsuffix.EffectiveTLDPlusOne(name)
 	if err != nil || len(zone) >= len(name) {
@@ -153,7 +157,7 @@ func (d *tunnelDetector) observe(agent, name string, qtype uint16, now time.Time
 	}
 	if !zc.suspect && !az.suspect {
 		before := zc.bits
-		zc.count(sub, qtype, d.cfg)
+		zc.count(sub, qtype, upstream, d.cfg)
 		az.bits += zc.bits - before
 	}
 	switch {
@@ -176,17 +180,21 @@ func (az *agentZones) reason(window time.Duration) string {
 }
 
 // count adds sub (the labels under the zone), looked up with qtype, to
-// the counters. A name seen before costs nothing with a query type it was
-// asked before, and a bit with a new one (which types were asked of a
-// name could carry data too).
-func (zc *zoneCount) count(sub string, qtype uint16, cfg TunnelDetection) {
+// the counters. A name seen before costs a bit with a new query type
+// (which types were asked of a name could carry data too); with one it
+// was asked before, nothing if the cache answers (the name server learns
+// nothing), else what choosing it among the zone's names tells.
+func (zc *zoneCount) count(sub string, qtype uint16, upstream bool, cfg TunnelDetection) {
 	key := foldedHash(sub)
 	types, seen := zc.names[key]
 	bit := qtypeBit(qtype)
 	if seen {
-		if types&bit == 0 {
+		switch {
+		case types&bit == 0:
 			zc.names[key] = types | bit
 			zc.bits++
+		case upstream:
+			zc.bits += math.Log2(float64(max(len(zc.names), 2)))
 		}
 		return
 	}

@@ -90,7 +90,7 @@ func TestTunnelDetected(t *testing.T) {
 		now := time.Now()
 		first := -1
 		for i, name := range tunnelNames(200, "exfil.example", tc.encode) {
-			s := d.observe("a1", name, dns.TypeA, now)
+			s := d.observe("a1", name, dns.TypeA, false, now)
 			if first < 0 && s.why != "" {
 				first = i
 				assert.True(t, s.changed, "%s: the first suspect query did not say it changed", tc.name)
@@ -115,7 +115,7 @@ func TestTunnelEvasion(t *testing.T) {
 			d := newTunnelDetector(cfg)
 			var why string
 			for i := range max(DefaultTunnelMaxNames, DefaultTunnelMaxLabels) + 1 {
-				why = d.observe("a1", fmt.Sprintf("%d.count.example", i), dns.TypeA, now).why
+				why = d.observe("a1", fmt.Sprintf("%d.count.example", i), dns.TypeA, false, now).why
 			}
 			assert.NotEmpty(t, why, "%+v: more distinct names or labels than the bound were not suspect", cfg)
 		}
@@ -124,7 +124,7 @@ func TestTunnelEvasion(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{MaxNames: 10})
 		for _, name := range []string{"www.case.example", "WWW.case.example", "wWw.CASE.example.", "Www.Case.Example"} {
 			for range 5 {
-				assert.Empty(t, d.observe("a1", name, dns.TypeA, now).why, "%s: one name, counted as many", name)
+				assert.Empty(t, d.observe("a1", name, dns.TypeA, false, now).why, "%s: one name, counted as many", name)
 			}
 		}
 	})
@@ -133,9 +133,9 @@ func TestTunnelEvasion(t *testing.T) {
 		names := tunnelNames(200, "exfil.example", base32Label)
 		var why string
 		for i, name := range names {
-			why = d.observe("a1", name, dns.TypeA, now).why
+			why = d.observe("a1", name, dns.TypeA, false, now).why
 			for j := range 16 { // more light zones than are tracked, between every two queries
-				d.observe("a1", fmt.Sprintf("www.light%d-%d.example", i, j), dns.TypeA, now)
+				d.observe("a1", fmt.Sprintf("www.light%d-%d.example", i, j), dns.TypeA, false, now)
 			}
 		}
 		assert.NotEmpty(t, why, "light zones flushed the tunnel's counters")
@@ -145,7 +145,7 @@ func TestTunnelEvasion(t *testing.T) {
 		var why string
 		for z := range 200 {
 			for _, name := range tunnelNames(30, fmt.Sprintf("zone%d.example", z), base32Label) {
-				if why = d.observe("a1", name, dns.TypeA, now).why; why != "" {
+				if why = d.observe("a1", name, dns.TypeA, false, now).why; why != "" {
 					break
 				}
 			}
@@ -157,14 +157,14 @@ func TestTunnelEvasion(t *testing.T) {
 	})
 	t.Run("one letter repeated still costs its length", func(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{})
-		d.observe("a1", strings.Repeat("a", 40)+".zone.example", dns.TypeA, now)
+		d.observe("a1", strings.Repeat("a", 40)+".zone.example", dns.TypeA, false, now)
 		az, _ := d.agents.Load("a1")
 		assert.Greater(t, az.(*agentZones).bits, 5.0)
 	})
 	t.Run("query types of one name", func(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{})
 		for qt := range forwardedTypes {
-			d.observe("a1", "x.types.example", qt, now)
+			d.observe("a1", "x.types.example", qt, false, now)
 		}
 		az, _ := d.agents.Load("a1")
 		assert.GreaterOrEqual(t, az.(*agentZones).bits, float64(len(forwardedTypes)-1), "each new type asked of a name costs a bit")
@@ -172,16 +172,16 @@ func TestTunnelEvasion(t *testing.T) {
 	t.Run("another agent's lookups are not counted", func(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{})
 		for _, name := range tunnelNames(200, "exfil.example", base32Label) {
-			d.observe("a1", name, dns.TypeA, now)
+			d.observe("a1", name, dns.TypeA, false, now)
 		}
-		assert.Empty(t, d.observe("a2", "www.exfil.example", dns.TypeA, now).why, "a2 suspect for a1's tunnel")
+		assert.Empty(t, d.observe("a2", "www.exfil.example", dns.TypeA, false, now).why, "a2 suspect for a1's tunnel")
 	})
 	t.Run("a new window starts afresh", func(t *testing.T) {
 		d := newTunnelDetector(TunnelDetection{Window: time.Minute})
 		for _, name := range tunnelNames(200, "exfil.example", base32Label) {
-			d.observe("a1", name, dns.TypeA, now)
+			d.observe("a1", name, dns.TypeA, false, now)
 		}
-		assert.Empty(t, d.observe("a1", "www.exfil.example", dns.TypeA, now.Add(time.Minute)).why)
+		assert.Empty(t, d.observe("a1", "www.exfil.example", dns.TypeA, false, now.Add(time.Minute)).why)
 	})
 }
 
@@ -220,7 +220,7 @@ func TestTunnelFalsePositives(t *testing.T) {
 	var flagged []string
 	for _, name := range names {
 		for _, qt := range []uint16{dns.TypeA, dns.TypeAAAA, dns.TypeHTTPS} { // as curl and browsers ask
-			if s := d.observe("a1", name, qt, now); s.why != "" {
+			if s := d.observe("a1", name, qt, false, now); s.why != "" {
 				flagged = append(flagged, name+": "+s.why)
 				break
 			}
@@ -294,10 +294,10 @@ func BenchmarkTunnelObserve(b *testing.B) {
 	now := time.Now()
 	b.Run("seen", func(b *testing.B) {
 		d := newTunnelDetector(TunnelDetection{})
-		d.observe("a1", "registry.npmjs.org", dns.TypeA, now)
+		d.observe("a1", "registry.npmjs.org", dns.TypeA, false, now)
 		b.ReportAllocs()
 		for b.Loop() {
-			d.observe("a1", "registry.npmjs.org", dns.TypeA, now)
+			d.observe("a1", "registry.npmjs.org", dns.TypeA, false, now)
 		}
 	})
 	b.Run("new", func(b *testing.B) {
@@ -309,7 +309,7 @@ func BenchmarkTunnelObserve(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			d.observe("a1", names[i%len(names)], dns.TypeA, now)
+			d.observe("a1", names[i%len(names)], dns.TypeA, false, now)
 			i++
 		}
 	})
@@ -324,7 +324,7 @@ func FuzzTunnelObserve(f *testing.F) {
 	d := newTunnelDetector(TunnelDetection{MaxNames: 8, MaxLabels: 8, ZonesPerAgent: 4})
 	now := time.Now()
 	f.Fuzz(func(t *testing.T, name string) {
-		d.observe("a1", name, dns.TypeA, now)
+		d.observe("a1", name, dns.TypeA, false, now)
 		v, ok := d.agents.Load("a1")
 		if !ok {
 			return
@@ -338,4 +338,47 @@ func FuzzTunnelObserve(f *testing.F) {
 			require.LessOrEqual(t, len(zc.labels), 9, "labels under %s", zone)
 		}
 	})
+}
+
+// TestOrderOfUncachedLookupsIsNoChannel: data spelt as the order of
+// lookups among a few names whose answers have a TTL of 0 (one nibble a
+// lookup among 16 names) reaches the zone's name server no faster than
+// the cache lets it (each name once per minCacheTTL), and the lookups
+// that do reach it cost what choosing among the names tells.
+func TestOrderOfUncachedLookupsIsNoChannel(t *testing.T) {
+	h := newHarness(t, []string{"*.ttl0.test"}, func(s *Server) { s.Tunnel = TunnelDetection{Refuse: true} })
+	rng := rand.New(rand.NewPCG(3, 4))
+	secret := make([]byte, 100)
+	for i := range secret {
+		secret[i] = byte(rng.Uint32())
+	}
+	for _, b := range secret {
+		for _, nibble := range []byte{b >> 4, b & 15} {
+			h.query("udp", "127.0.0.1", fmt.Sprintf("n%x.ttl0.test", nibble), dns.TypeA, false)
+		}
+	}
+	seen := 0
+	for i := range 16 {
+		seen += h.up.count(fmt.Sprintf("n%x.ttl0.test", i))
+	}
+	assert.LessOrEqual(t, seen, 16, "lookups of 16 names that reached the name server within %v", minCacheTTL)
+
+	// Past the cache, a repeat costs log2(names) bits: 16 names asked
+	// again and again reach a zone's bound, which they never would if
+	// each repeat were answered from the cache.
+	d := newTunnelDetector(TunnelDetection{MaxBits: 512})
+	now := time.Now()
+	suspect := func(upstream bool) int {
+		for i := range 1000 {
+			if d.observe("a1", fmt.Sprintf("n%x.order.example", i%16), dns.TypeA, upstream, now).why != "" {
+				return i
+			}
+		}
+		return -1
+	}
+	assert.Equal(t, -1, suspect(false), "repeats the cache answered were counted")
+	d.forget("a1")
+	at := suspect(true)
+	assert.Positive(t, at, "repeats that went upstream were not counted")
+	assert.Less(t, at, 200, "512 bits of 4-bit choices were not caught by the 200th lookup")
 }

@@ -95,6 +95,10 @@ func (u *upstream) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		time.Sleep(2 * time.Second) // a slow server, beyond the filter's timeout
 	case name == "wrongq.test.":
 		m.Question[0].Name = "other.test."
+	case strings.HasSuffix(name, ".ttl0.test."):
+		// Names whose answers say not to cache them: a tunnel's name
+		// server, counting the lookups it sees.
+		m.Answer = append(m.Answer, mustRR(name+" 0 IN A 140.82.112.7"))
 	case name == "big.test.":
 		for i := 0; i < 60; i++ {
 			m.Answer = append(m.Answer, mustRR(fmt.Sprintf("big.test. 60 IN A 140.82.113.%d", i)))
