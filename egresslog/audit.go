@@ -27,7 +27,11 @@ import (
 // segment line chained to the last line of the one before, and Verify
 // takes a file whose first chained line is not one as cut at its start.
 // A file is sealed by one key: opened with another (a key replaced), the
-// file is rotated first, and each key's files verify with it.
+// file is rotated first, and each key's files verify with it. A gateway
+// that takes up a chain whose last lines no seal of its key covers
+// (written before a crash, or by someone without the key: it cannot tell)
+// says so in a resume line ({"resume": true, "unvouched": K}) before its
+// own, and its seals never vouch for those K lines (Verify lists them).
 // A person without the key can change, remove, reorder or add lines
 // without Verify saying where only at the end, where no seal covers
 // them; lines cut from the end, seals and all, leave an honest-looking
@@ -51,6 +55,9 @@ type chain struct {
 	sealed   time.Time
 	inFile   bool // the current file holds a chained line: it began with a segment line
 	otherKey bool // the current file's last seal is another key's
+	// unvouched is how many chained lines the resumed file holds after
+	// its last seal of this key, to be told in a resume line.
+	unvouched int
 }
 
 // link chains a line (JSON object, no newline): it appends the line's
@@ -72,6 +79,17 @@ func (c *chain) link(line []byte) []byte {
 // one before.
 func (c *chain) segment() []byte {
 	return c.link([]byte(`{"segment":true}`))
+}
+
+// resumeLine is the first line a resumed chain writes when lines no
+// seal of its key covers came before it; "" when none did.
+func (c *chain) resumeLine() []byte {
+	if c.unvouched == 0 {
+		return nil
+	}
+	line := c.link(fmt.Appendf(nil, `{"resume":true,"unvouched":%d}`, c.unvouched))
+	c.unvouched = 0
+	return line
 }
 
 // seal is the line that signs the chain up to now.
@@ -114,28 +132,38 @@ func (c *chain) resumeFrom(path string) (found bool, err error) {
 	pub := c.key.Public().(ed25519.PublicKey)
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	c.unvouched = 0
 	for sc.Scan() {
 		var l auditLine
 		switch {
 		case json.Unmarshal(sc.Bytes(), &l) != nil:
 		case l.Chain != nil:
 			c.seq, c.prev, found = *l.Chain, sha256.Sum256(sc.Bytes()), true
+			c.unvouched++
 		case l.Seal != nil:
 			sig, err := base64.StdEncoding.DecodeString(l.Sig)
 			c.otherKey = err != nil || !ed25519.Verify(pub, sealMessage(*l.Seal, c.prev), sig)
+			if !c.otherKey && *l.Seal == c.seq {
+				c.unvouched = 0
+			}
 		}
+	}
+	if c.otherKey {
+		c.unvouched = 0 // the file is rotated, and the chain begins anew under this key
 	}
 	return found, sc.Err()
 }
 
 // auditLine is what Verify reads of a line.
 type auditLine struct {
-	Segment bool    `json:"segment"`
-	Chain   *uint64 `json:"chain"`
-	Prev    string  `json:"prev"`
-	Seal    *uint64 `json:"seal"`
-	Hash    string  `json:"hash"`
-	Sig     string  `json:"sig"`
+	Segment   bool    `json:"segment"`
+	Resume    bool    `json:"resume"`
+	Unvouched int     `json:"unvouched"`
+	Chain     *uint64 `json:"chain"`
+	Prev      string  `json:"prev"`
+	Seal      *uint64 `json:"seal"`
+	Hash      string  `json:"hash"`
+	Sig       string  `json:"sig"`
 }
 
 // Verification is what Verify found.
@@ -146,7 +174,12 @@ type Verification struct {
 	// after the last seal by a gateway that stopped (or still writes),
 	// or added by someone without the key. Never counted as Problems.
 	Unsealed []Place
-	Problems []Problem
+	// Unvouched are lines a restarted gateway found after its last seal
+	// and could not vouch for (its resume line says how many): written
+	// before a crash, or added by someone without the key. No seal
+	// covers them; never counted as Problems.
+	Unvouched []Place
+	Problems  []Problem
 }
 
 // Place is a line of a file (counting from 1).
@@ -242,6 +275,13 @@ func (v *Verification) verifyFile(r io.Reader, path string, last bool, pub ed255
 				}
 			}
 			*started, *seq, *prev = true, *l.Chain, sha256.Sum256(line)
+			if l.Resume {
+				if l.Unvouched != len(*pending) {
+					v.Problems = append(v.Problems, Problem{at, fmt.Sprintf("the resume line found %d lines after the last seal, here are %d (lines added or removed)", l.Unvouched, len(*pending))})
+				}
+				v.Unvouched = append(v.Unvouched, *pending...)
+				*pending = (*pending)[:0]
+			}
 			*pending = append(*pending, at)
 		}
 	}

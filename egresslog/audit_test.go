@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -358,7 +359,8 @@ func TestAuditRotationByAge(t *testing.T) {
 
 // TestAuditKill9: a gateway killed while it writes its audited file
 // leaves at most an unsealed tail, which Verify reports as such and never
-// as tampering.
+// as tampering; the next run says it cannot vouch for it, and its seals
+// do not.
 func TestAuditKill9(t *testing.T) {
 	if path := os.Getenv("EGRESSLOG_AUDIT_WRITER"); path != "" {
 		writeUntilKilled(t, path)
@@ -392,9 +394,9 @@ func TestAuditKill9(t *testing.T) {
 	if b, err := os.ReadFile(path); err == nil && len(b) > 0 && b[len(b)-1] != '\n' {
 		torn = 1
 	}
-	assert.Equal(t, v.Lines+torn, v.Sealed+len(v.Unsealed), "every line is sealed or in the tail")
+	assert.Equal(t, v.Lines+torn, v.Sealed+len(v.Unsealed)+len(v.Unvouched), "every line is sealed, unvouched or in the tail")
 	for _, p := range v.Unsealed {
-		assert.Equal(t, path, p.File, "an unsealed line before the last run's: a killed run's tail is sealed by the next")
+		assert.Equal(t, path, p.File, "an unsealed line before the last run's: a killed run's tail is left unvouched by the next")
 	}
 }
 
@@ -434,4 +436,50 @@ func BenchmarkRecordToFile(b *testing.B) {
 			sink.Flush()
 		})
 	}
+}
+
+// TestARestartVouchesForNoForgedTail: someone without the key cuts the
+// last records and their seal from a file and appends records of their
+// own, chained as the gateway chains (SHA-256 needs no key). The gateway
+// restarted takes up the chain, but its seals never cover those lines:
+// Verify lists them as lines the gateway could not vouch for, and counts
+// none of them sealed.
+func TestARestartVouchesForNoForgedTail(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	for _, n := range []int{10, 5} { // two runs, each sealing its lines at its end
+		sink, err := JSONFile{Path: path, Seal: key}.Open()
+		require.NoError(t, err)
+		for i := range n {
+			require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Allowed: true}))
+		}
+		require.NoError(t, sink.Close())
+	}
+
+	var sealedLines int
+	editLines(t, path, func(ls []string) []string {
+		ls = ls[:len(ls)-6]          // the second run's records and seal
+		lastChained := ls[len(ls)-2] // before the first run's seal
+		var l auditLine
+		require.NoError(t, json.Unmarshal([]byte(lastChained), &l))
+		require.NotNil(t, l.Chain)
+		c := &chain{seq: *l.Chain, prev: sha256.Sum256([]byte(lastChained))}
+		sealedLines = len(ls) // the first run's lines and its seal
+		for i := range 3 {
+			ls = append(ls, strings.TrimSuffix(string(c.link(fmt.Appendf(nil, `{"agent":"a1","kind":"tls","host":"forged%d.example","allowed":true}`, i))), "\n"))
+		}
+		return ls
+	})
+	sink, err := JSONFile{Path: path, Seal: key}.Open()
+	require.NoError(t, err)
+	require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindTLS, Host: "after.example", Allowed: true}))
+	require.NoError(t, sink.Close())
+
+	v, err := Verify(pub, path)
+	require.NoError(t, err)
+	assert.Empty(t, v.Problems)
+	assert.Equal(t, []Place{{path, sealedLines + 1}, {path, sealedLines + 2}, {path, sealedLines + 3}}, v.Unvouched, "the forged lines")
+	assert.Equal(t, v.Lines-3, v.Sealed, "a forged line counted as sealed")
+	assert.Empty(t, v.Unsealed)
 }

@@ -166,6 +166,7 @@ func (s *segmentFile) beginChain() {
 		s.buf = append(s.buf, s.chain.segment()...)
 		s.chain.inFile = true
 	}
+	s.buf = append(s.buf, s.chain.resumeLine()...)
 }
 
 // endWhole cuts the file f, of size bytes, back to the end of its last

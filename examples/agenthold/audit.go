@@ -102,6 +102,10 @@ func cmdAuditVerify(env *cliEnv, fs *flag.FlagSet, args []string) error {
 		first := v.Unsealed[0]
 		fmt.Printf("unsealed: the last %d lines, from %s:%d, are covered by no seal yet (written after the last seal: a gateway that stopped or still writes, or added without the key)\n", n, first.File, first.Line)
 	}
+	if n := len(v.Unvouched); n > 0 {
+		first := v.Unvouched[0]
+		fmt.Printf("unvouched: %d lines, from %s:%d, came after a seal and before a restart, which could not vouch for them (written before a crash, or added without the key)\n", n, first.File, first.Line)
+	}
 	fmt.Printf("%d lines, %d sealed, %d problems\n", v.Lines, v.Sealed, len(v.Problems))
 	if len(v.Problems) > 0 {
 		return errors.New("audit verify: the files were changed")

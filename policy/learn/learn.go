@@ -91,10 +91,16 @@ func Read(r io.Reader, agent string) ([]policy.Observation, int, error) {
 }
 
 // auditLine reports whether a line is a file's own (a seal, the line that
-// begins an audited file, or one that says records were dropped there),
-// which holds no record.
+// begins an audited file, the one a restarted gateway resumes its chain
+// with, or one that says records were dropped there), which holds no
+// record.
 func auditLine(line []byte) bool {
-	return bytes.HasPrefix(line, []byte(`{"seal":`)) || bytes.HasPrefix(line, []byte(`{"segment":true,`)) || bytes.HasPrefix(line, []byte(`{"dropped":`))
+	for _, prefix := range []string{`{"seal":`, `{"segment":true,`, `{"resume":true,`, `{"dropped":`} {
+		if bytes.HasPrefix(line, []byte(prefix)) {
+			return true
+		}
+	}
+	return false
 }
 
 // WriteSupport writes, as YAML comments, what a suggestion rests on: how

@@ -69,7 +69,7 @@ func TestRead(t *testing.T) {
 
 	// An audited file's own lines, and one saying records were dropped,
 	// hold no record, and are not unreadable.
-	audited := `{"segment":true,"chain":1,"prev":"00"}` + "\n" + b.String() + `{"dropped":7,"time":"2026-12-01T00:00:00Z","chain":4,"prev":"ef"}` + "\n" + `{"seal":4,"hash":"ab","sig":"cd"}` + "\n"
+	audited := `{"segment":true,"chain":1,"prev":"00"}` + "\n" + `{"resume":true,"unvouched":2,"chain":2,"prev":"01"}` + "\n" + b.String() + `{"dropped":7,"time":"2026-12-01T00:00:00Z","chain":4,"prev":"ef"}` + "\n" + `{"seal":4,"hash":"ab","sig":"cd"}` + "\n"
 	obs, skipped, err = Read(strings.NewReader(audited), "")
 	require.NoError(t, err)
 	assert.Len(t, obs, 2)
