@@ -136,6 +136,12 @@ func (s *segmentFile) open() error {
 		return fmt.Errorf("egresslog: open %s: %w", s.path, err)
 	}
 	fi, err := f.Stat()
+	if err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o077 != 0 {
+		// A file made before (by another tool, or under another umask)
+		// is the gateway's to read alone too, and so are the segments
+		// it becomes.
+		err = f.Chmod(0o600)
+	}
 	if err == nil {
 		s.written, err = endWhole(f, fi.Size())
 	}

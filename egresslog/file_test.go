@@ -309,3 +309,27 @@ func TestLogClosesItsSinks(t *testing.T) {
 		})
 	}
 }
+
+// TestAnOpenLogIsReadByTheGatewayAlone: a log file made before with a
+// mode others may read (another tool, another umask) is made the
+// gateway's alone when opened, and so are the files it is rotated into:
+// a sandbox that sees the host's files reads no record.
+func TestAnOpenLogIsReadByTheGatewayAlone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "egress.jsonl")
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	require.NoError(t, os.Chmod(path, 0o644))
+	sink, err := JSONFile{Path: path, MaxBytes: 512}.Open()
+	require.NoError(t, err)
+	for i := range 20 {
+		require.NoError(t, sink.WriteRecord(&Record{Agent: "a1", Kind: KindTLS, Host: fmt.Sprintf("h%d.example", i), Allowed: true}))
+	}
+	require.NoError(t, sink.Close())
+	files, err := filepath.Glob(path + "*")
+	require.NoError(t, err)
+	require.Greater(t, len(files), 1, "rotated")
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), f)
+	}
+}

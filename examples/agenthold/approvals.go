@@ -30,6 +30,13 @@ func (s *server) openApprovals() error {
 		OnAlways: s.addEntry, OnDenyEntry: s.addEntry, Log: s.elog, Logger: s.log,
 	}
 	if cfg.WebhookURL != "" {
+		// Readable by its owner only, as the master key: a sandbox sees
+		// the host's files, and exec's cover over this one lapses when
+		// the file is replaced (a Secret volume's update).
+		fi, err := os.Stat(cfg.WebhookSecretFile)
+		if err == nil && fi.Mode().Perm()&0o077 != 0 {
+			return fmt.Errorf("egress.approvals.webhook_secret_file: %s has mode %v; it must be readable by its owner only (chmod 600, or a Secret volume's defaultMode 0400)", cfg.WebhookSecretFile, fi.Mode().Perm())
+		}
 		secret, err := os.ReadFile(cfg.WebhookSecretFile)
 		if err != nil {
 			return fmt.Errorf("egress.approvals.webhook_secret_file: %w", err)

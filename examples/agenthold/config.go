@@ -96,7 +96,7 @@ type ApprovalsConfig struct {
 	MaxPendingPerAgent int           `yaml:"max_pending_per_agent"`
 	SessionLength      time.Duration `yaml:"session_length"` // a session answer's end; 0: until the agent is deleted
 	WebhookURL         string        `yaml:"webhook_url"`
-	WebhookSecretFile  string        `yaml:"webhook_secret_file"` // the HMAC key, required with webhook_url
+	WebhookSecretFile  string        `yaml:"webhook_secret_file"` // the HMAC key (mode 0600), required with webhook_url
 }
 
 // OTLPConfig says which signals go to an OpenTelemetry collector, and

@@ -106,3 +106,19 @@ func TestExecHidesEveryGatewaySecretFile(t *testing.T) {
 	a := &agent{spec: AgentSpec{Name: "bob"}, gw4: netip.MustParseAddr("198.18.0.1")}
 	assert.ElementsMatch(t, []string{cfg.AdminSocket, cfg.Secrets.MasterKeyFile, cfg.Egress.LogFile, cfg.Egress.Approvals.WebhookSecretFile}, s.execInfo(a).Hide)
 }
+
+// TestWebhookKeyOthersCouldReadIsRefused: the approvals webhook's HMAC
+// key must be readable by its owner only, as the master key: exec's cover
+// over it lapses when the file is replaced (a Secret volume's update),
+// and a sandbox sees the host's files.
+func TestWebhookKeyOthersCouldReadIsRefused(t *testing.T) {
+	key := filepath.Join(t.TempDir(), "webhook.key")
+	require.NoError(t, os.WriteFile(key, []byte("0123456789abcdef0123"), 0o600))
+	s := &server{}
+	s.cfg.Egress.Approvals.WebhookURL, s.cfg.Egress.Approvals.WebhookSecretFile = "https://hooks.example.com/approve", key
+	require.NoError(t, s.openApprovals())
+	for _, mode := range []os.FileMode{0o644, 0o640, 0o604} {
+		require.NoError(t, os.Chmod(key, mode))
+		assert.ErrorContains(t, s.openApprovals(), "readable by its owner only", "mode %v", mode)
+	}
+}
