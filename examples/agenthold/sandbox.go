@@ -14,7 +14,9 @@ package main
 //     home in it, copies the CA files the environment names to where the
 //     sandbox can read them, mounts /proc and /sys for its namespaces, and
 //     drops every privilege on its thread: no capability in any set, an
-//     empty bounding set, no_new_privs. The command starts from that
+//     empty bounding set, no_new_privs, and a seccomp filter that makes
+//     no user namespace (in which it would hold every capability again:
+//     noUserNamespaces). The command starts from that
 //     thread as the agent's uid and gid with no supplementary group, in a
 //     session of its own (no controlling terminal, so TIOCSTI cannot type
 //     into the operator's shell). Stage 2 reaps orphans and exits with the
@@ -23,8 +25,9 @@ package main
 //
 // What it does not do: it is not a container runtime. The host's root
 // filesystem stays visible read-only as far as ordinary file permissions
-// go (the agent's uid reads what "others" may read); there is no seccomp
-// filter, no cgroup limit and no user namespace. A production sandbox is a
+// go (the agent's uid reads what "others" may read); the seccomp filter
+// refuses user namespaces and nothing else, and there is no cgroup limit.
+// The host's devpts is the sandbox's too. A production sandbox is a
 // container (runc, gVisor) that joins the agent's network namespace: see
 // `agent create --netns`.
 
@@ -293,6 +296,9 @@ func sandboxInit() error {
 		return fmt.Errorf("sandbox: a session keyring of its own: %w", errno)
 	}
 	if err := dropPrivileges(); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	if err := noUserNamespaces(); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	env := sandboxEnvFor(info, spec.Term)
