@@ -50,7 +50,7 @@ func sniff(b []byte) protocol {
 	if capitalMethod(b) {
 		return protoHTTP
 	}
-	line := bytes.TrimLeft(b, "\r\n")
+	line := bytes.TrimLeft(b, " \t\r\n")
 	method := 0
 	for method < len(line) && isTokenChar(line[method]) {
 		method++
@@ -58,13 +58,15 @@ func sniff(b []byte) protocol {
 	switch {
 	case method == len(line):
 		return protoUnknown // a method, or empty lines, so far
-	case method == 0 || line[method] != ' ':
+	case method == 0 || line[method] != ' ' && line[method] != '\t':
+		// (A lenient server takes any whitespace for the space, RFC
+		// 9112 3.)
 		return protoOther
 	}
 	for i, c := range line {
 		switch {
 		case c == '\n':
-			if containsFold(line[:i], "HTTP/") {
+			if containsFold(line[:i], httpVersionPrefix) {
 				return protoHTTP
 			}
 			return protoOther
@@ -95,15 +97,17 @@ func isTokenChar(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
-// containsFold reports whether b holds the ASCII string sub, in any case.
-func containsFold(b []byte, sub string) bool {
+// containsFold reports whether b holds the ASCII bytes sub, in any case.
+func containsFold(b, sub []byte) bool {
 	for i := 0; i+len(sub) <= len(b); i++ {
-		if bytes.EqualFold(b[i:i+len(sub)], []byte(sub)) { // not a name: a protocol token
+		if bytes.EqualFold(b[i:i+len(sub)], sub) { // not a name: a protocol token
 			return true
 		}
 	}
 	return false
 }
+
+var httpVersionPrefix = []byte("HTTP/")
 
 // ErrECH says that a ClientHello offers Encrypted Client Hello, whose
 // outer server name is not the server the client means to reach.

@@ -103,7 +103,9 @@ func TestSniff(t *testing.T) {
 		{"\r\n", protoUnknown},
 		{"x", protoUnknown},
 		{"get /\x80\xff HTTP/1.1\r\n", protoHTTP},
-		{"GET/", protoOther}, // no method is followed by a slash
+		{"get\t/ HTTP/1.1\r\n", protoHTTP},   // a tab for the space
+		{" \tget / HTTP/1.1\r\n", protoHTTP}, // whitespace before the method
+		{"GET/", protoOther},                 // no method is followed by a slash
 		{"get /\x01 HTTP/1.1\r\n", protoOther},
 	}
 	for _, tt := range tests {
