@@ -78,11 +78,9 @@ func (f *follower) list() error {
 func (f *follower) set(addrs []netip.Addr) {
 	var own []netip.Addr
 	for _, a := range addrs {
-		a = a.Unmap()
-		if c, ok := f.g.lookupTable().Lookup(a); ok && c.Tier == Never {
-			continue
+		if a = a.Unmap(); f.counts(a) {
+			own = append(own, a)
 		}
-		own = append(own, a)
 	}
 	slices.SortFunc(own, netip.Addr.Compare)
 	own = slices.Compact(own)
@@ -95,4 +93,11 @@ func (f *follower) set(addrs []netip.Addr) {
 		prefixes[i] = netip.PrefixFrom(a, a.BitLen())
 	}
 	f.g.SetOwn(prefixes)
+}
+
+// counts reports whether a belongs in the Guard's own set: not if the
+// Guard never dials it anyway.
+func (f *follower) counts(a netip.Addr) bool {
+	c, ok := f.g.lookupTable().Lookup(a)
+	return !ok || c.Tier != Never
 }

@@ -114,8 +114,8 @@ func (k *kernelFollower) apply(msgs []syscall.NetlinkMessage) {
 			continue
 		}
 		a, ok := parseIfaddr(m)
-		if !ok {
-			continue
+		if !ok || !k.counts(a.addr) {
+			continue // (an agent's address, in a pool never dialled: nothing to build again)
 		}
 		if m.Header.Type == syscall.RTM_NEWADDR {
 			k.addrs[a] = struct{}{}
