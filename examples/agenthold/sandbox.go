@@ -12,24 +12,24 @@ package main
 //     the gateway's files behind empty tmpfs mounts, gives the sandbox a
 //     private /tmp, /var/tmp, /dev/shm and /home with only the agent's own
 //     home in it, copies the CA files the environment names to where the
-//     sandbox can read them, mounts /proc and /sys for its namespaces, and
-//     drops every privilege on its thread: no capability in any set, an
-//     empty bounding set, no_new_privs, and a seccomp filter that makes
-//     no user namespace (in which it would hold every capability again:
-//     noUserNamespaces). The command starts from that
-//     thread as the agent's uid and gid with no supplementary group, in a
-//     session of its own (no controlling terminal, so TIOCSTI cannot type
-//     into the operator's shell). Stage 2 reaps orphans and exits with the
-//     command's status; the kernel then kills whatever is left in the PID
-//     namespace.
+//     sandbox can read them, mounts /proc and /sys for its namespaces and
+//     a bounded devpts of its own (stage 1 made it, and opened the
+//     session's terminal in it), and drops every privilege on its thread:
+//     no capability in any set, an empty bounding set, no_new_privs, and a
+//     seccomp filter that makes no user namespace (in which it would hold
+//     every capability again: noUserNamespaces). The command starts from
+//     that thread as the agent's uid and gid with no supplementary group,
+//     in a session of its own (no controlling terminal, so TIOCSTI cannot
+//     type into the operator's shell). Stage 2 reaps orphans and exits
+//     with the command's status; the kernel then kills whatever is left in
+//     the PID namespace.
 //
 // What it does not do: it is not a container runtime. The host's root
 // filesystem stays visible read-only as far as ordinary file permissions
 // go (the agent's uid reads what "others" may read); the seccomp filter
 // refuses user namespaces and nothing else, and there is no cgroup limit.
-// The host's devpts is the sandbox's too. A production sandbox is a
-// container (runc, gVisor) that joins the agent's network namespace: see
-// `agent create --netns`.
+// A production sandbox is a container (runc, gVisor) that joins the
+// agent's network namespace: see `agent create --netns`.
 
 import (
 	"encoding/json"
@@ -78,7 +78,14 @@ type ExecInfo struct {
 // sandboxInitCommand is the hidden command line of stage 2.
 const sandboxInitCommand = "__sandbox-init"
 
-// stage2Spec is what stage 1 hands stage 2 on file descriptor 3.
+// Stage 1 hands stage 2 its spec on file descriptor 3 and the sandbox's
+// devpts instance (newPTSInstance) on 4.
+const (
+	specFd = 3
+	ptsFd  = 4
+)
+
+// stage2Spec is what stage 1 hands stage 2 on specFd.
 type stage2Spec struct {
 	Info ExecInfo `json:"info"`
 	Argv []string `json:"argv"`
@@ -105,7 +112,12 @@ func runSandboxed(info ExecInfo, argv []string) error {
 		return err
 	}
 	defer ns.Close()
-	stdio, err := newSandboxStdio()
+	pts, err := newPTSInstance()
+	if err != nil {
+		return err
+	}
+	defer pts.Close()
+	stdio, err := newSandboxStdio(pts)
 	if err != nil {
 		return err
 	}
@@ -140,7 +152,7 @@ func runSandboxed(info ExecInfo, argv []string) error {
 	cmd := exec.Command(self, sandboxInitCommand)
 	cmd.Env = childEnv()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.files[0], stdio.files[1], stdio.files[2]
-	cmd.ExtraFiles = []*os.File{specR}
+	cmd.ExtraFiles = []*os.File{specR, pts}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
 		Pdeathsig:  syscall.SIGKILL,
@@ -150,6 +162,7 @@ func runSandboxed(info ExecInfo, argv []string) error {
 		return fmt.Errorf("start the sandbox: %w", err)
 	}
 	specR.Close()
+	pts.Close()
 	stdio.started()
 	_, werr := specW.Write(spec)
 	specW.Close()
@@ -261,7 +274,7 @@ func statusCode(ws syscall.WaitStatus) int {
 // namespace. It never returns without an error: it exits with the
 // command's status.
 func sandboxInit() error {
-	specFile := os.NewFile(3, "spec")
+	specFile := os.NewFile(specFd, "spec")
 	var spec stage2Spec
 	err := json.NewDecoder(io.LimitReader(specFile, 1<<20)).Decode(&spec)
 	specFile.Close() // nothing but stdin, stdout and stderr reaches the command
@@ -284,7 +297,10 @@ func sandboxInit() error {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	runtime.LockOSThread() // the privileges are dropped on this thread, and the command forks from it
-	if err := confineMounts(info); err != nil {
+	pts := os.NewFile(ptsFd, "devpts")
+	err = confineMounts(info, pts)
+	pts.Close()
+	if err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
 	if err := unix.Sethostname([]byte(info.Agent)); err != nil {

@@ -24,8 +24,8 @@ var scratchDirs = []struct{ dir, mode string }{
 // mount namespace: the host's tree read-only and without setuid, the
 // scratch directories private, the gateway's state and the list of
 // namespaces hidden, the CA files and the agent's home where the sandbox
-// expects them.
-func confineMounts(info ExecInfo) error {
+// expects them, and its own pseudo-terminals (pts, from newPTSInstance).
+func confineMounts(info ExecInfo, pts *os.File) error {
 	// Nothing mounted here propagates back to the host.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
@@ -107,6 +107,9 @@ func confineMounts(info ExecInfo) error {
 	// the home's own.
 	if err := unix.Mount("", inside, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("mount the agent's home writable: %w", err)
+	}
+	if err := mountPTS(pts); err != nil {
+		return err
 	}
 	// /proc for this PID namespace, /sys for this network namespace.
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {

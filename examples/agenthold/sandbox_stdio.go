@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
-	"strconv"
 	"sync"
 	"syscall"
 
@@ -37,8 +36,9 @@ type sandboxStdio struct {
 	stopWinc func()
 }
 
-// newSandboxStdio prepares the sandbox's stdio from this process's.
-func newSandboxStdio() (*sandboxStdio, error) {
+// newSandboxStdio prepares the sandbox's stdio from this process's; a
+// terminal's pty comes from the sandbox's own devpts instance pts.
+func newSandboxStdio(pts *os.File) (*sandboxStdio, error) {
 	s := &sandboxStdio{ttyFd: -1, restore: func() {}, stopWinc: func() {}}
 	std := [3]*os.File{os.Stdin, os.Stdout, os.Stderr}
 	var pty, tty *os.File // the sandbox's end, and the operator's terminal
@@ -46,7 +46,7 @@ func newSandboxStdio() (*sandboxStdio, error) {
 		switch {
 		case isTerminal(f):
 			if pty == nil {
-				master, slave, err := openPTY()
+				master, slave, err := openPTY(pts)
 				if err != nil {
 					s.close()
 					return nil, err
@@ -174,29 +174,6 @@ func isStream(f *os.File) bool {
 func isRegular(f *os.File) bool {
 	st, err := f.Stat()
 	return err == nil && st.Mode().IsRegular()
-}
-
-// openPTY opens a new pseudo-terminal pair.
-func openPTY() (master, slave *os.File, err error) {
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open a pseudo-terminal: %w", err)
-	}
-	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {
-		m.Close()
-		return nil, nil, fmt.Errorf("unlock the pseudo-terminal: %w", err)
-	}
-	n, err := unix.IoctlGetUint32(int(m.Fd()), unix.TIOCGPTN)
-	if err != nil {
-		m.Close()
-		return nil, nil, fmt.Errorf("name the pseudo-terminal: %w", err)
-	}
-	sl, err := os.OpenFile("/dev/pts/"+strconv.Itoa(int(n)), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
-		m.Close()
-		return nil, nil, fmt.Errorf("open the pseudo-terminal: %w", err)
-	}
-	return m, sl, nil
 }
 
 // copyTermState gives the pty the operator's terminal settings and size.
