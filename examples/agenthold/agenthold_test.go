@@ -101,6 +101,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"egress:\n  default_quotas:\n    connections_per_second: 0.5\n", "egress.default_quotas"},
 		{"egress:\n  doh_endpoints: ['bad host']\n", "egress.doh_endpoints"},
 		{"egress:\n  max_connections: -1\n", "egress.max_connections"},
+		{"sandbox:\n  max_processes: 0\n", "sandbox.max_processes"},
+		{"sandbox:\n  max_open_files: 3\n", "sandbox.max_open_files"},
 	}
 	for _, tt := range tests {
 		path := filepath.Join(t.TempDir(), "c.yaml")

@@ -153,6 +153,14 @@ type SandboxConfig struct {
 	// HomeSizeMB bounds each agent's home, a tmpfs (memory the sandbox
 	// may fill, never the disk the vault and the log are on).
 	HomeSizeMB int `yaml:"home_size_mb"`
+	// MaxProcesses bounds the processes and threads an agent's uid may
+	// have at once, across all its sandboxes (RLIMIT_NPROC, which the
+	// kernel counts per uid): a fork bomb stops there, not at the host's
+	// kernel.pid_max, which every process on the host draws from.
+	MaxProcesses int `yaml:"max_processes"`
+	// MaxOpenFiles bounds the descriptors each of a sandbox's processes
+	// may hold (RLIMIT_NOFILE).
+	MaxOpenFiles int `yaml:"max_open_files"`
 }
 
 // Sandbox uids: the default first one, far above login users and the
@@ -164,6 +172,10 @@ const (
 	// defaultHomeSizeMB is each agent's home: room for a repository and
 	// its dependencies, not for a disk's worth.
 	defaultHomeSizeMB = 512
+	// An agent's processes and threads, and each one's descriptors: a
+	// parallel build's worth, far below a host's pid_max (32,768 on many).
+	defaultMaxProcesses = 1024
+	defaultMaxOpenFiles = 4096
 )
 
 // masterKeyEnv is the environment variable that may hold the master key.
@@ -178,7 +190,7 @@ func defaultConfig() Config {
 			Approvals: ApprovalsConfig{Timeout: approval.DefaultTimeout, MaxPendingPerAgent: approval.DefaultMaxPendingPerAgent},
 		},
 		Network: NetworkConfig{Pool4: "10.88.0.0/16", Pool6: "fd00:88::/48", AgentPrefix4: 24},
-		Sandbox: SandboxConfig{UIDBase: defaultUIDBase, HomeSizeMB: defaultHomeSizeMB},
+		Sandbox: SandboxConfig{UIDBase: defaultUIDBase, HomeSizeMB: defaultHomeSizeMB, MaxProcesses: defaultMaxProcesses, MaxOpenFiles: defaultMaxOpenFiles},
 	}
 }
 
@@ -352,6 +364,12 @@ func (c *Config) validate() error {
 	}
 	if c.Sandbox.HomeSizeMB < 1 {
 		return fmt.Errorf("config: sandbox.home_size_mb must be positive, not %d", c.Sandbox.HomeSizeMB)
+	}
+	if c.Sandbox.MaxProcesses < 1 {
+		return fmt.Errorf("config: sandbox.max_processes must be positive, not %d", c.Sandbox.MaxProcesses)
+	}
+	if c.Sandbox.MaxOpenFiles < 16 {
+		return fmt.Errorf("config: sandbox.max_open_files must be at least 16, not %d", c.Sandbox.MaxOpenFiles)
 	}
 	for i, r := range c.Egress.TokenRefresh {
 		if r.Host == "" || !strings.HasPrefix(r.Path, "/") || r.RefreshSecret == "" {

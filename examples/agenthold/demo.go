@@ -196,6 +196,7 @@ network:
   agent_prefix4: 28
 sandbox:
   home_size_mb: 64
+  max_processes: 256
 `, data, w.internet.rootFile, filepath.Join(w.dir, "egress.jsonl"), gatewayUplink)
 	path := filepath.Join(w.dir, "agenthold.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {

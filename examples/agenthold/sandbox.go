@@ -27,7 +27,9 @@ package main
 // What it does not do: it is not a container runtime. The host's root
 // filesystem stays visible read-only as far as ordinary file permissions
 // go (the agent's uid reads what "others" may read); the seccomp filter
-// refuses user namespaces and nothing else, and there is no cgroup limit.
+// refuses user namespaces and nothing else, and beyond the agent's count
+// of processes and each one's descriptors (limitResources) there is no
+// cgroup limit.
 // A production sandbox is a container (runc, gVisor) that joins the
 // agent's network namespace: see `agent create --netns`.
 
@@ -73,6 +75,10 @@ type ExecInfo struct {
 	Hide []string `json:"hide"`
 	// ResolvConf is the sandbox's /etc/resolv.conf.
 	ResolvConf string `json:"resolv_conf"`
+	// MaxProcesses and MaxOpenFiles are the command's RLIMIT_NPROC (its
+	// uid's processes and threads) and RLIMIT_NOFILE.
+	MaxProcesses int `json:"max_processes"`
+	MaxOpenFiles int `json:"max_open_files"`
 }
 
 // sandboxInitCommand is the hidden command line of stage 2.
@@ -311,6 +317,9 @@ func sandboxInit() error {
 	if _, _, errno := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); errno != 0 {
 		return fmt.Errorf("sandbox: a session keyring of its own: %w", errno)
 	}
+	if err := limitResources(info); err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
 	if err := dropPrivileges(); err != nil {
 		return fmt.Errorf("sandbox: %w", err)
 	}
@@ -417,6 +426,32 @@ func privateHint(path string) string {
 		}
 	}
 	return ""
+}
+
+// limitResources sets the limits the command inherits. The kernel counts
+// RLIMIT_NPROC per real uid, and no agent shares its uid, so the bound
+// holds for the agent across all its sandboxes; it applies to the command
+// once it runs as that uid (stage 2, root, is exempt). A zero limit (an
+// ExecInfo without them) is refused rather than taken for none.
+func limitResources(info ExecInfo) error {
+	for _, l := range []struct {
+		name     string
+		resource int
+		n        int
+	}{
+		{"processes", unix.RLIMIT_NPROC, info.MaxProcesses},
+		{"open files", unix.RLIMIT_NOFILE, info.MaxOpenFiles},
+	} {
+		if l.n < 1 {
+			return fmt.Errorf("no limit of %s given", l.name)
+		}
+		// syscall's Setrlimit, so that the command gets this limit rather
+		// than the one Go found at its start.
+		if err := syscall.Setrlimit(l.resource, &syscall.Rlimit{Cur: uint64(l.n), Max: uint64(l.n)}); err != nil {
+			return fmt.Errorf("limit %s to %d: %w", l.name, l.n, err)
+		}
+	}
+	return nil
 }
 
 // dropPrivileges leaves the calling thread (and whatever it starts) no

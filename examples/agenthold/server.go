@@ -697,7 +697,8 @@ func (s *server) execInfo(a *agent) ExecInfo {
 		Agent: a.spec.Name, NetNSPath: a.nsPath, ServerPID: os.Getpid(),
 		UID: a.uid, GID: a.gid, Home: s.homeDir(a.spec.Name), Env: s.sandboxEnv(a),
 		DataDir: s.cfg.DataDir, TrustFiles: []string{s.publicCAPath(), s.bundlePath(), s.nodeExtraPath()}, Hide: hide,
-		ResolvConf: a.resolvConf(),
+		ResolvConf:   a.resolvConf(),
+		MaxProcesses: s.cfg.Sandbox.MaxProcesses, MaxOpenFiles: s.cfg.Sandbox.MaxOpenFiles,
 	}
 }
 
