@@ -433,7 +433,16 @@ func privateHint(path string) string {
 // holds for the agent across all its sandboxes; it applies to the command
 // once it runs as that uid (stage 2, root, is exempt). A zero limit (an
 // ExecInfo without them) is refused rather than taken for none.
+//
+// Memory has no limit here, so the sandbox is what the kernel's OOM
+// killer takes first (oom_score_adj 1000, which the command, without
+// CAP_SYS_RESOURCE, cannot lower when stage 2 holds that capability, as
+// root on a host does): a sandbox that fills the host's memory loses its
+// own processes, not the gateway (whose unit sets -900).
 func limitResources(info ExecInfo) error {
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0); err != nil {
+		return fmt.Errorf("make the sandbox the OOM killer's first choice: %w", err)
+	}
 	for _, l := range []struct {
 		name     string
 		resource int

@@ -14,7 +14,36 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
+
+// TestSandboxIsTheOOMKillersFirstChoice: a sandbox's processes are what
+// the kernel kills first when memory runs out. The kernel lets a process
+// lower its score down to the floor last set by one holding
+// CAP_SYS_RESOURCE: exec's root on a host sets it at 1000, so the sandbox
+// cannot lower it at all; a root without that capability (in a container)
+// leaves the floor where it was.
+func TestSandboxIsTheOOMKillersFirstChoice(t *testing.T) {
+	w := requireWorld(t)
+	out, err := w.inSandbox("bob", `cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'
+echo -1 > /proc/self/oom_score_adj 2>/dev/null && echo "below the floor" || echo "floor kept"
+echo 0 > /proc/self/oom_score_adj 2>/dev/null && echo "lowered to 0" || echo "lowering refused"`)
+	require.NoError(t, err, out)
+	if holdsCapability(t, unix.CAP_SYS_RESOURCE) {
+		assert.Equal(t, "1000\n1000\nfloor kept\nlowering refused\n", out)
+	} else {
+		assert.Equal(t, "1000\n1000\nfloor kept\nlowered to 0\n", out)
+	}
+}
+
+// holdsCapability says whether this process has capability c in its
+// effective set.
+func holdsCapability(t *testing.T, c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	require.NoError(t, unix.Capget(&hdr, &data[0]))
+	return data[c/32].Effective&(1<<(c%32)) != 0
+}
 
 // TestSandboxForkBombStopsAtItsBound: an agent's processes stop at
 // sandbox.max_processes (the demo's 256) across its sandboxes, while a
