@@ -110,7 +110,8 @@ func (s *sandboxStdio) relay(dst, src *os.File, output bool) {
 
 // relayPTY relays the operator's terminal and the pty's master: typed
 // input in, the sandbox's terminal output out, to the first of stdout,
-// stderr and stdin that is a terminal.
+// stderr and stdin that is a terminal. Every byte the sandbox has the
+// operator's terminal show passes terminalFilter here.
 func (s *sandboxStdio) relayPTY(master *os.File, std [3]*os.File) {
 	out := std[0]
 	for _, f := range []*os.File{std[1], std[2]} {
@@ -125,7 +126,7 @@ func (s *sandboxStdio) relayPTY(master *os.File, std [3]*os.File) {
 	s.outputs.Add(1)
 	go func() {
 		defer s.outputs.Done()
-		io.Copy(out, master) // until the sandbox's last end of the pty closes (EIO)
+		io.Copy(newTerminalFilter(out), master) // until the sandbox's last end of the pty closes (EIO)
 		master.Close()
 	}()
 }
