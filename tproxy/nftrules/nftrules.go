@@ -117,7 +117,9 @@ var (
 // began (a server in the Pod answering). Loopback is left alone, so the
 // health port is reachable and never redirected. The exempt uid's flows
 // are its own: no other uid's packet leaves as one of them, though a
-// port the exempt uid closed can be bound by anyone.
+// port the exempt uid closed can be bound by anyone. No socket's packet
+// leaves from an address the namespace does not have, so no flow (and
+// no reply it lets out) can be begun in an outside host's name.
 type SidecarRules struct {
 	Table string // "" means DefaultTable
 	NetNS string // "" means the caller's
@@ -454,6 +456,9 @@ func (sc SidecarRules) build(r *Rules) {
 	out := c.AddChain(&nftables.Chain{Name: "output", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(exempt, &expr.Verdict{Kind: expr.VerdictAccept})})
+	for _, r := range foreignSource() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: r})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: append(loopback, &expr.Verdict{Kind: expr.VerdictAccept})})
 	// What the nat chain redirected: the output interface a filter chain
 	// sees is still the one before the redirect, so match the NAT itself.
@@ -762,6 +767,34 @@ func replies() []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{dirReply}},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	)
+}
+
+// foreignSource drops, in a rule for each family, a socket's packet whose
+// source is not an address of the namespace. A freebind socket
+// (IPV6_FREEBIND needs no privilege) may send from any address: over
+// loopback, "from" a host outside "to" the Pod, it would leave conntrack
+// a flow that host began, whose replies (the sandbox's own packets to
+// that host, which the nat chain never sees as a flow's first) the rules
+// let out. Packets with no socket are not judged here (the socket's uid
+// is read first, and without one the rule stops), nor those from the
+// unspecified address, from which the kernel's own sockets send duplicate
+// address detection and multicast listener reports, and to which no
+// reply can come.
+func foreignSource() [][]expr.Any {
+	rule := func(family byte, offset uint32, unspecified []byte) []expr.Any {
+		return append(nfproto(family),
+			&expr.Meta{Key: expr.MetaKeySKUID, Register: 1},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(len(unspecified))},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: unspecified},
+			&expr.Fib{Register: 1, FlagSADDR: true, ResultADDRTYPE: true},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(unix.RTN_LOCAL)},
+			drop(),
+		)
+	}
+	return [][]expr.Any{
+		rule(unix.NFPROTO_IPV4, 12, make([]byte, 4)),
+		rule(unix.NFPROTO_IPV6, 8, make([]byte, 16)),
+	}
 }
 
 // redirected accepts packets of connections whose destination was
