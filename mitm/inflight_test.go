@@ -308,8 +308,7 @@ func TestInterceptedRequestWhoseClientStalls(t *testing.T) {
 
 // TestUnreadBodyDoesNotHoldTheConnection: a refused request whose body
 // stops coming is answered, and its connection closed, at once: net/http
-// reads what remains of a body after the handler, and before it writes
-// the answer's head, without a deadline.
+// reads what remains of a body after the handler, without a deadline.
 func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
 	r := newRig(t)
 	withRequestEntries(t, r)
@@ -326,4 +325,49 @@ func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
 	_, err = io.Copy(io.Discard, br)
 	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the connection is still open: %v", err)
+}
+
+// TestFullDuplexIntercepted: an intercepted request's body reaches an
+// upstream that answered before it had all come, and the answer reaches
+// the client whole: net/http had read what remained of the body at the
+// answer's first write, and closed it, beneath the forwarder.
+func TestFullDuplexIntercepted(t *testing.T) {
+	r := newRig(t)
+	r.mux.HandleFunc("/upload", func(w http.ResponseWriter, req *http.Request) {
+		if req.ProtoMajor == 1 { // HTTP/2's streams are full duplex
+			if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		io.WriteString(w, "early\n")
+		http.NewResponseController(w).Flush()
+		n, err := io.Copy(io.Discard, req.Body)
+		fmt.Fprintf(w, "got %d %v\n", n, err)
+	})
+	raw, err := net.Dial("tcp", r.addr)
+	require.NoError(t, err)
+	defer raw.Close()
+	c := tls.Client(raw, &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test", NextProtos: []string{"http/1.1"}})
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: 10\r\n\r\nhello")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err, "no answer before the body's end")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body := bufio.NewReader(resp.Body)
+	line, err := body.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "early\n", line)
+
+	_, err = io.WriteString(c, "world")
+	require.NoError(t, err)
+	line, err = body.ReadString('\n')
+	assert.NoError(t, err, "the answer was cut")
+	assert.Equal(t, "got 10 <nil>\n", line)
+	// Answered before the body's end, which might never come, the
+	// connection is not kept for a next request.
+	assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
+	_, err = io.Copy(io.Discard, body)
+	assert.NoError(t, err, "the answer did not end")
 }

@@ -444,7 +444,7 @@ func (i *Interceptor) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	host := httpfwd.HostOnly(r.Host)
 	rec := egresslog.Record{Time: start, Agent: info.agent, Kind: egresslog.KindHTTP, Host: host, Port: info.port, Method: r.Method, Path: r.URL.EscapedPath(),
 		Trace: r.Header.Get("Traceparent"), ConnID: egresslog.ConnIDFrom(r.Context())}
-	client := httpfwd.NewClient(w, r)
+	client, w := httpfwd.NewClient(w, r)
 	defer client.Finish()
 	cw := &httpmeter.Writer{ResponseWriter: w}
 	var upgradedDown int64 // what an upgrade's upstream sent, beneath cw

@@ -116,7 +116,7 @@ func (p *Proxy) newHTTPServer(h http.Handler, connContext func(context.Context, 
 // judged on its own Host.
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	client := httpfwd.NewClient(w, r)
+	client, w := httpfwd.NewClient(w, r)
 	defer client.Finish()
 	f, _ := r.Context().Value(factsKey{}).(connFacts)
 	rec := egresslog.Record{Time: start, Kind: egresslog.KindHTTP, Method: r.Method, Path: r.URL.EscapedPath(), Target: f.connectTarget,

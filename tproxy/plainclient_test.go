@@ -119,8 +119,7 @@ func TestResponseHeadBounded(t *testing.T) {
 
 // TestUnreadBodyDoesNotHoldTheConnection: a refused request whose body
 // stops coming is answered, and its connection closed, at once: net/http
-// reads what remains of a body after the handler, and before it writes
-// the answer's head, without a deadline and where neither Forget,
+// reads what remains of a body after the handler, without a deadline and where neither Forget,
 // Rejudge nor the idle sweep sees it, so such a connection stayed open
 // for as long as its client liked. One forwarded, whose upstream answered
 // without reading its body, waits for it the same way, seen: the idle
@@ -284,4 +283,64 @@ func tracked(p *Proxy, agent string) (conns, requests int) {
 		ac.mu.Unlock()
 	}
 	return conns, requests
+}
+
+// serveFullDuplex runs a plain HTTP server that answers a request at
+// once, before it reads the request's body, then says how much of the
+// body it read: a streamed upload answered as it goes.
+func (w *world) serveFullDuplex() netip.AddrPort {
+	ln := listenLoop(w.t, "127.0.0.2:0")
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(rw)
+		if err := rc.EnableFullDuplex(); err != nil {
+			http.Error(rw, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(rw, "early\n")
+		rc.Flush()
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(rw, "got %d %v\n", n, err)
+	})}
+	go srv.Serve(ln)
+	w.t.Cleanup(func() { srv.Close() })
+	return addrPortOf(ln.Addr())
+}
+
+// TestPlainHTTPFullDuplex: a request's body reaches an upstream that
+// answered before it had all come, and the answer reaches the client
+// whole, on a connection then closed. net/http, at the response's first
+// write, read what remained of the body itself and closed it beneath the
+// forwarder: the answer waited for the body's end, which never reached
+// the upstream, and a stream answered just before the forwarder saw the
+// body's end was cut after its first bytes, its upstream connection
+// closed by the failed read.
+func TestPlainHTTPFullDuplex(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, nil)
+			addr := w.serveFullDuplex()
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: svc.test:%d\r\nContent-Length: 10\r\n\r\nhello", p.target(addr, "/upload"), addr.Port())
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err, "no answer before the body's end")
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			body := bufio.NewReader(resp.Body)
+			line, err := body.ReadString('\n')
+			require.NoError(t, err)
+			assert.Equal(t, "early\n", line)
+
+			_, err = io.WriteString(c, "world")
+			require.NoError(t, err)
+			line, err = body.ReadString('\n')
+			assert.NoError(t, err, "the answer was cut")
+			assert.Equal(t, "got 10 <nil>\n", line)
+			// Answered before the body's end, which might never come, the
+			// connection is not kept for a next request.
+			assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
+			_, err = io.Copy(io.Discard, body)
+			assert.NoError(t, err, "the answer did not end")
+		})
+	}
 }

@@ -11,34 +11,57 @@ import (
 // Client is a request's client as its handler waits on it, the one place
 // the proxies end it: a request's context does not end a handler blocked
 // in the client connection's calls (a write to a client that reads
-// nothing, a read of a body that stopped coming: the forwarder's, or
-// net/http's, which reads what remains of a body before it writes a
-// response head). Stop ends them; it does nothing once the handler is
-// done (Finish), when the connection may carry the next request.
+// nothing, a read of a body that stopped coming). Stop ends them; it
+// does nothing once the handler is done (Finish), when the connection
+// may carry the next request.
 type Client struct {
 	mu       sync.Mutex
 	w        http.ResponseWriter
 	rc       *http.ResponseController
 	http1    bool
 	bodyRead atomic.Bool // the request's body was read to its end, or it has none
-	stopped  bool
-	done     bool
+	// headWritten: the final response head is written (or being),
+	// with the fields it goes with.
+	headWritten atomic.Bool
+	stopped     bool
+	done        bool
 }
 
 // AnswerGrace is how long a handler has to write its own answer (a
 // refusal) once its client was stopped (Answering).
 const AnswerGrace = 5 * time.Second
 
-// NewClient watches r's body for its end; w is the server's own writer
-// (or one that unwraps to it).
-func NewClient(w http.ResponseWriter, r *http.Request) *Client {
+// NewClient watches r's body for its end; w is the server's own writer.
+// The handler answers on the writer it returns, which unwraps to w.
+//
+// An HTTP/1 request is made full duplex (HTTP/2's streams are): a
+// forwarder reads the body as its upstream sends, and may send, the
+// response, but net/http, at the response's first write, would read
+// what remains of the body itself, and close it, beneath the forwarder.
+// The forwarder's next read then failed, and its upstream connection
+// with it, mid-response: a stream the upstream answered before the
+// forwarder had seen the body's end was cut after its first bytes, and
+// one answered before the body had all come stalled until it had. So
+// net/http no longer keeps the connection in step with the next
+// request: a response whose head is written before its request's body
+// has been read to its end closes the connection after it (what remains
+// of the body may never be read, and must not be taken for a request).
+func NewClient(w http.ResponseWriter, r *http.Request) (*Client, http.ResponseWriter) {
 	c := &Client{w: w, rc: http.NewResponseController(w), http1: r.ProtoMajor == 1}
 	if r.Body == nil || r.Body == http.NoBody {
 		c.bodyRead.Store(true)
 	} else {
 		r.Body = &endNotingBody{ReadCloser: r.Body, ended: &c.bodyRead}
 	}
-	return c
+	if !c.http1 {
+		return c, w
+	}
+	if err := c.rc.EnableFullDuplex(); err != nil {
+		// Not the server's writer: the half-duplex net/http keeps
+		// the connection in step by itself.
+		return c, w
+	}
+	return c, &headWriter{ResponseWriter: w, c: c}
 }
 
 // Stop ends the handler's reads and writes on the client connection (or,
@@ -71,19 +94,53 @@ func (c *Client) Answering() {
 
 // Finish is called as the handler returns. What remains of an HTTP/1
 // body it did not read to its end is not waited for: net/http reads it
-// after the handler, to keep the connection, without a deadline, and
-// where nothing that ends requests sees it. What of it has come is read,
-// and the connection is closed if more was to come. (A body read to its
-// end is left alone: net/http then reads the connection itself, to
-// notice its client leave, and a deadline would end the connection.)
+// after the handler, without a deadline, and where nothing that ends
+// requests sees it. What of it has come is read, and the connection is
+// closed after the response (heading). (A body read to its end is left
+// alone: net/http then reads the connection itself, to notice its
+// client leave, and a deadline would end the connection.)
 func (c *Client) Finish() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.done = true
 	if c.http1 && !c.bodyRead.Load() {
+		c.heading(c.w.Header()) // net/http writes the head of a handler that wrote none
 		c.rc.SetReadDeadline(time.Now())
 	}
 }
+
+// heading is called as a final response head is written, with its
+// fields: the connection is closed after a response whose request's
+// body was not read to its end.
+func (c *Client) heading(h http.Header) {
+	if c.headWritten.Swap(true) {
+		return
+	}
+	if !c.bodyRead.Load() {
+		h.Set("Connection", "close")
+	}
+}
+
+// headWriter is the handler's writer on a full-duplex HTTP/1 request:
+// it sees the response head go. It unwraps for http.ResponseController.
+type headWriter struct {
+	http.ResponseWriter
+	c *Client
+}
+
+func (w *headWriter) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols { // not an interim head
+		w.c.heading(w.Header())
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *headWriter) Write(b []byte) (int, error) {
+	w.c.heading(w.Header())
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *headWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // endNotingBody notes when its body has been read to its end.
 type endNotingBody struct {
