@@ -426,11 +426,16 @@ func (h *handover) interrupt(i int) { h.srcs[i].SetReadDeadline(time.Unix(1, 0))
 
 // ask, from direction i, which has moved its after bytes, stops both
 // directions, unless the other has ended; true if the relay is being
-// handed over.
+// handed over. A direction that goes on, its other ended, takes back the
+// stop the other's ask put on its source, if it came before the end:
+// its copy would fail on it at once.
 func (h *handover) ask(i int) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.ended[1-i] {
+		if h.asked {
+			h.srcs[i].SetReadDeadline(time.Time{})
+		}
 		return false
 	}
 	if !h.asked {
