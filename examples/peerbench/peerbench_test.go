@@ -183,9 +183,11 @@ func tlsServer(c net.Conn, cert tls.Certificate) {
 	}
 }
 
-// oneByte sends a byte on c and reads its echo.
+// oneByte sends a byte on c and reads its echo. The byte is no letter: a
+// first line that could still become an HTTP request line is held as one
+// until it can be judged, and a lone letter could.
 func oneByte(c net.Conn) error {
-	if _, err := c.Write([]byte{'x'}); err != nil {
+	if _, err := c.Write([]byte{0}); err != nil {
 		return err
 	}
 	_, err := io.ReadFull(c, make([]byte, 1))
