@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/websocket"
 
 	"github.com/agenthold/egress/egresslog"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 	"github.com/agenthold/egress/tproxy"
 )
@@ -333,41 +334,10 @@ func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
 // answer's first write, and closed it, beneath the forwarder.
 func TestFullDuplexIntercepted(t *testing.T) {
 	r := newRig(t)
-	r.mux.HandleFunc("/upload", func(w http.ResponseWriter, req *http.Request) {
-		if req.ProtoMajor == 1 { // HTTP/2's streams are full duplex
-			if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
-				http.Error(w, err.Error(), http.StatusInternalServerError)
-				return
-			}
-		}
-		io.WriteString(w, "early\n")
-		http.NewResponseController(w).Flush()
-		n, err := io.Copy(io.Discard, req.Body)
-		fmt.Fprintf(w, "got %d %v\n", n, err)
-	})
+	r.mux.HandleFunc("/upload", testkit.EarlyAnswer)
 	raw, err := net.Dial("tcp", r.addr)
 	require.NoError(t, err)
 	defer raw.Close()
 	c := tls.Client(raw, &tls.Config{RootCAs: rootPool(r.ca), ServerName: "api.test", NextProtos: []string{"http/1.1"}})
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	_, err = io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: api.test\r\nContent-Length: 10\r\n\r\nhello")
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err, "no answer before the body's end")
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	body := bufio.NewReader(resp.Body)
-	line, err := body.ReadString('\n')
-	require.NoError(t, err)
-	assert.Equal(t, "early\n", line)
-
-	_, err = io.WriteString(c, "world")
-	require.NoError(t, err)
-	line, err = body.ReadString('\n')
-	assert.NoError(t, err, "the answer was cut")
-	assert.Equal(t, "got 10 <nil>\n", line)
-	// Answered before the body's end, which might never come, the
-	// connection is not kept for a next request.
-	assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
-	_, err = io.Copy(io.Discard, body)
-	assert.NoError(t, err, "the answer did not end")
+	testkit.CheckEarlyAnswer(t, c, "POST /upload HTTP/1.1\r\nHost: api.test\r\n")
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/agenthold/egress/egresslog"
 	"github.com/agenthold/egress/internal/httpfwd"
+	"github.com/agenthold/egress/internal/testkit"
 	"github.com/agenthold/egress/policy"
 )
 
@@ -285,27 +286,6 @@ func tracked(p *Proxy, agent string) (conns, requests int) {
 	return conns, requests
 }
 
-// serveFullDuplex runs a plain HTTP server that answers a request at
-// once, before it reads the request's body, then says how much of the
-// body it read: a streamed upload answered as it goes.
-func (w *world) serveFullDuplex() netip.AddrPort {
-	ln := listenLoop(w.t, "127.0.0.2:0")
-	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(rw)
-		if err := rc.EnableFullDuplex(); err != nil {
-			http.Error(rw, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		io.WriteString(rw, "early\n")
-		rc.Flush()
-		n, err := io.Copy(io.Discard, r.Body)
-		fmt.Fprintf(rw, "got %d %v\n", n, err)
-	})}
-	go srv.Serve(ln)
-	w.t.Cleanup(func() { srv.Close() })
-	return addrPortOf(ln.Addr())
-}
-
 // TestPlainHTTPFullDuplex: a request's body reaches an upstream that
 // answered before it had all come, and the answer reaches the client
 // whole, on a connection then closed. net/http, at the response's first
@@ -318,29 +298,12 @@ func TestPlainHTTPFullDuplex(t *testing.T) {
 	for _, p := range plainPaths {
 		t.Run(p.name, func(t *testing.T) {
 			w := newWorld(t, []string{"svc.test:*"}, nil)
-			addr := w.serveFullDuplex()
-			c := p.open(w, addr)
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: svc.test:%d\r\nContent-Length: 10\r\n\r\nhello", p.target(addr, "/upload"), addr.Port())
-			br := bufio.NewReader(c)
-			resp, err := http.ReadResponse(br, nil)
-			require.NoError(t, err, "no answer before the body's end")
-			require.Equal(t, http.StatusOK, resp.StatusCode)
-			body := bufio.NewReader(resp.Body)
-			line, err := body.ReadString('\n')
-			require.NoError(t, err)
-			assert.Equal(t, "early\n", line)
-
-			_, err = io.WriteString(c, "world")
-			require.NoError(t, err)
-			line, err = body.ReadString('\n')
-			assert.NoError(t, err, "the answer was cut")
-			assert.Equal(t, "got 10 <nil>\n", line)
-			// Answered before the body's end, which might never come, the
-			// connection is not kept for a next request.
-			assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
-			_, err = io.Copy(io.Discard, body)
-			assert.NoError(t, err, "the answer did not end")
+			ln := listenLoop(t, "127.0.0.2:0")
+			srv := &http.Server{Handler: http.HandlerFunc(testkit.EarlyAnswer)}
+			go srv.Serve(ln)
+			t.Cleanup(func() { srv.Close() })
+			addr := addrPortOf(ln.Addr())
+			testkit.CheckEarlyAnswer(t, p.open(w, addr), fmt.Sprintf("POST %s HTTP/1.1\r\nHost: svc.test:%d\r\n", p.target(addr, "/upload"), addr.Port()))
 		})
 	}
 }
