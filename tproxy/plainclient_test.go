@@ -307,3 +307,39 @@ func TestPlainHTTPFullDuplex(t *testing.T) {
 		})
 	}
 }
+
+// TestEarlyAnswerDoesNotHoldTheConnection: a request answered before its
+// body came, which never comes whole, ends with its answer: the
+// forwarder's read of the body, still under way as the handler returned,
+// had net/http clear the deadline that ends it, and read the rest with
+// none, where neither the idle sweep nor Forget sees it.
+func TestEarlyAnswerDoesNotHoldTheConnection(t *testing.T) {
+	for _, p := range plainPaths {
+		t.Run(p.name, func(t *testing.T) {
+			w := newWorld(t, []string{"svc.test:*"}, func(px *Proxy) { px.IdleTimeout = 300 * time.Millisecond })
+			ln := listenLoop(t, "127.0.0.2:0")
+			srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				http.NewResponseController(rw).EnableFullDuplex()
+				rw.Header().Set("Content-Length", "6")
+				io.WriteString(rw, "early\n")
+			})}
+			go srv.Serve(ln)
+			t.Cleanup(func() { srv.Close() })
+			addr := addrPortOf(ln.Addr())
+			c := p.open(w, addr)
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: svc.test:%d\r\nContent-Length: 100000\r\n\r\nhello", p.target(addr, "/upload"), addr.Port())
+			br := bufio.NewReader(c)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			b, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, "early\n", string(b))
+			assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
+			start := time.Now()
+			_, err = br.ReadByte()
+			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "still open after 5 s: %v", err)
+			assert.Less(t, time.Since(start), 2*time.Second, "held past the idle timeout")
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package httpfwd
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"sync"
@@ -19,7 +20,8 @@ type Client struct {
 	w        http.ResponseWriter
 	rc       *http.ResponseController
 	http1    bool
-	bodyRead atomic.Bool // the request's body was read to its end, or it has none
+	body     *endNotingBody // nil if the request has none
+	bodyRead atomic.Bool    // the request's body was read to its end, or it has none
 	// headWritten: the final response head is written (or being),
 	// with the fields it goes with.
 	headWritten atomic.Bool
@@ -51,7 +53,8 @@ func NewClient(w http.ResponseWriter, r *http.Request) (*Client, http.ResponseWr
 	if r.Body == nil || r.Body == http.NoBody {
 		c.bodyRead.Store(true)
 	} else {
-		r.Body = &endNotingBody{ReadCloser: r.Body, ended: &c.bodyRead}
+		c.body = &endNotingBody{ReadCloser: r.Body, ended: &c.bodyRead}
+		r.Body = c.body
 	}
 	if !c.http1 {
 		return c, w
@@ -98,7 +101,12 @@ func (c *Client) Answering() {
 // requests sees it. What of it has come is read, and the connection is
 // closed after the response (heading). (A body read to its end is left
 // alone: net/http then reads the connection itself, to notice its
-// client leave, and a deadline would end the connection.)
+// client leave, and a deadline would end the connection.) A read of the
+// body still under way (the forwarder's, whose upstream answered
+// without waiting for the body) is waited for, ended by the deadline,
+// and none comes after it: net/http, finding a read under way as the
+// handler returns, would wait for it itself and then clear the
+// deadline, and read the rest without.
 func (c *Client) Finish() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -106,6 +114,9 @@ func (c *Client) Finish() {
 	if c.http1 && !c.bodyRead.Load() {
 		c.heading(c.w.Header()) // net/http writes the head of a handler that wrote none
 		c.rc.SetReadDeadline(time.Now())
+		if c.body != nil {
+			c.body.finish()
+		}
 	}
 }
 
@@ -142,13 +153,31 @@ func (w *headWriter) Write(b []byte) (int, error) {
 
 func (w *headWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// endNotingBody notes when its body has been read to its end.
+// endNotingBody notes when its body has been read to its end. Once its
+// handler has returned (finish), it is read no more.
 type endNotingBody struct {
 	io.ReadCloser
-	ended *atomic.Bool
+	ended    *atomic.Bool
+	reading  sync.Mutex // held while a read is under way
+	finished bool
+}
+
+// errHandlerDone fails a read of a body whose handler has returned.
+var errHandlerDone = errors.New("httpfwd: the request's handler has returned")
+
+// finish waits for a read under way to return, and fails those to come.
+func (b *endNotingBody) finish() {
+	b.reading.Lock()
+	defer b.reading.Unlock()
+	b.finished = true
 }
 
 func (b *endNotingBody) Read(p []byte) (int, error) {
+	b.reading.Lock()
+	defer b.reading.Unlock()
+	if b.finished {
+		return 0, errHandlerDone
+	}
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {
 		b.ended.Store(true)
