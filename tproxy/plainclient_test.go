@@ -120,9 +120,9 @@ func TestResponseHeadBounded(t *testing.T) {
 
 // TestUnreadBodyDoesNotHoldTheConnection: a refused request whose body
 // stops coming is answered, and its connection closed, at once: net/http
-// reads what remains of a body after the handler, without a deadline and where neither Forget,
-// Rejudge nor the idle sweep sees it, so such a connection stayed open
-// for as long as its client liked. One forwarded, whose upstream answered
+// reads what remains of a body after the handler, without a deadline
+// and where neither Forget, Rejudge nor the idle sweep sees it, so such a
+// connection stayed open for as long as its client liked. One forwarded, whose upstream answered
 // without reading its body, waits for it the same way, seen: the idle
 // sweep ends it.
 func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
@@ -286,6 +286,15 @@ func tracked(p *Proxy, agent string) (conns, requests int) {
 	return conns, requests
 }
 
+// serveWith runs a plain HTTP server of h on 127.0.0.2.
+func (w *world) serveWith(h http.HandlerFunc) netip.AddrPort {
+	ln := listenLoop(w.t, "127.0.0.2:0")
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	w.t.Cleanup(func() { srv.Close() })
+	return addrPortOf(ln.Addr())
+}
+
 // TestPlainHTTPFullDuplex: a request's body reaches an upstream that
 // answered before it had all come, and the answer reaches the client
 // whole, on a connection then closed. net/http, at the response's first
@@ -298,48 +307,27 @@ func TestPlainHTTPFullDuplex(t *testing.T) {
 	for _, p := range plainPaths {
 		t.Run(p.name, func(t *testing.T) {
 			w := newWorld(t, []string{"svc.test:*"}, nil)
-			ln := listenLoop(t, "127.0.0.2:0")
-			srv := &http.Server{Handler: http.HandlerFunc(testkit.EarlyAnswer)}
-			go srv.Serve(ln)
-			t.Cleanup(func() { srv.Close() })
-			addr := addrPortOf(ln.Addr())
+			addr := w.serveWith(testkit.EarlyAnswer)
 			testkit.CheckEarlyAnswer(t, p.open(w, addr), fmt.Sprintf("POST %s HTTP/1.1\r\nHost: svc.test:%d\r\n", p.target(addr, "/upload"), addr.Port()))
 		})
 	}
 }
 
 // TestEarlyAnswerDoesNotHoldTheConnection: a request answered before its
-// body came, which never comes whole, ends with its answer: the
-// forwarder's read of the body, still under way as the handler returned,
-// had net/http clear the deadline that ends it, and read the rest with
-// none, where neither the idle sweep nor Forget sees it.
+// body came, which never comes whole, ends with its answer, and what
+// came of its body (a request for a host no entry allows) is answered by
+// no one: the forwarder's read of the body, still under way as the
+// handler returned, had net/http clear the deadline that ends it, and
+// read the rest with none, where neither the idle sweep nor Forget sees
+// it.
 func TestEarlyAnswerDoesNotHoldTheConnection(t *testing.T) {
 	for _, p := range plainPaths {
 		t.Run(p.name, func(t *testing.T) {
 			w := newWorld(t, []string{"svc.test:*"}, func(px *Proxy) { px.IdleTimeout = 300 * time.Millisecond })
-			ln := listenLoop(t, "127.0.0.2:0")
-			srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-				http.NewResponseController(rw).EnableFullDuplex()
-				rw.Header().Set("Content-Length", "6")
-				io.WriteString(rw, "early\n")
-			})}
-			go srv.Serve(ln)
-			t.Cleanup(func() { srv.Close() })
-			addr := addrPortOf(ln.Addr())
-			c := p.open(w, addr)
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: svc.test:%d\r\nContent-Length: 100000\r\n\r\nhello", p.target(addr, "/upload"), addr.Port())
-			br := bufio.NewReader(c)
-			resp, err := http.ReadResponse(br, nil)
-			require.NoError(t, err)
-			b, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
-			assert.Equal(t, "early\n", string(b))
-			assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
-			start := time.Now()
-			_, err = br.ReadByte()
-			assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "still open after 5 s: %v", err)
-			assert.Less(t, time.Since(start), 2*time.Second, "held past the idle timeout")
+			addr := w.serveWith(testkit.EarlyAnswerUnread)
+			testkit.CheckEndsAfterEarlyAnswer(t, p.open(w, addr),
+				fmt.Sprintf("POST %s HTTP/1.1\r\nHost: svc.test:%d\r\n", p.target(addr, "/upload"), addr.Port()),
+				fmt.Sprintf("GET %s HTTP/1.1\r\nHost: blocked.test:%d\r\n\r\n", p.target(addr, "/next"), addr.Port()))
 		})
 	}
 }

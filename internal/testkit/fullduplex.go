@@ -2,10 +2,12 @@ package testkit
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -58,4 +60,36 @@ func CheckEarlyAnswer(t *testing.T, c net.Conn, head string) {
 	assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
 	_, err = io.Copy(io.Discard, body)
 	assert.NoError(t, err, "the answer did not end")
+}
+
+// EarlyAnswerUnread is an upstream's handler that answers at once, with
+// "early", and returns without reading the request's body.
+func EarlyAnswerUnread(w http.ResponseWriter, _ *http.Request) {
+	http.NewResponseController(w).EnableFullDuplex()
+	w.Header().Set("Content-Length", "6")
+	io.WriteString(w, "early\n")
+}
+
+// CheckEndsAfterEarlyAnswer sends, on c, head (a POST's request line
+// and fields, up to the line that ends them) for a body of 100,000 bytes
+// of which only next comes (a whole request of its own); reads
+// EarlyAnswerUnread's answer; and checks that the connection then ends,
+// within 2 s, with no answer to next: it is not kept for the body that
+// never comes, nor takes what came of it for a request.
+func CheckEndsAfterEarlyAnswer(t *testing.T, c net.Conn, head, next string) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err := io.WriteString(c, head+"Content-Length: 100000\r\n\r\n"+next)
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, "early\n", string(b))
+	assert.True(t, resp.Close, "kept alive after an answer that came before the body's end")
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = br.ReadByte()
+	assert.Error(t, err, "the body's bytes were answered as a request")
+	assert.False(t, errors.Is(err, os.ErrDeadlineExceeded), "still open 2 s after its answer: %v", err)
 }
