@@ -25,6 +25,7 @@ type Client struct {
 	// headWritten: the final response head is written (or being),
 	// with the fields it goes with.
 	headWritten atomic.Bool
+	head        headWriter // the handler's writer, on a full-duplex request
 	stopped     bool
 	done        bool
 }
@@ -64,7 +65,8 @@ func NewClient(w http.ResponseWriter, r *http.Request) (*Client, http.ResponseWr
 		// the connection in step by itself.
 		return c, w
 	}
-	return c, &headWriter{ResponseWriter: w, c: c}
+	c.head = headWriter{ResponseWriter: w, c: c}
+	return c, &c.head
 }
 
 // Stop ends the handler's reads and writes on the client connection (or,
