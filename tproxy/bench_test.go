@@ -153,6 +153,74 @@ func BenchmarkBulkThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkWholeDownloads downloads a 60 MiB stream, each 8-byte word
+// its own offset, b.N times on each of 4 streams at once, through the
+// proxy on the kernel path and on its splicing relay in turn, and
+// reports the share of downloads on each that did not come out whole
+// (shorter, longer, or a word out of place). Where one did not, it logs
+// what the client got and where it first went wrong. As root only: the
+// kernel path needs it.
+// go test -run X -bench WholeDownloads -benchtime 200x ./tproxy
+func BenchmarkWholeDownloads(b *testing.B) {
+	stream := make([]byte, 60<<20)
+	for i := 0; i < len(stream); i += 8 {
+		binary.BigEndian.PutUint64(stream[i:], uint64(i))
+	}
+	up := serveBench(b, func(c net.Conn) {
+		defer c.Close()
+		if _, err := io.ReadFull(c, make([]byte, 1)); err == nil {
+			c.Write(stream)
+		}
+	})
+	kp := benchKernelPath(b)
+	if kp == nil {
+		b.Skip("no kernel path")
+	}
+	ways := []struct{ name, addr string }{
+		{"kernel", benchProxy(b, up, withKernelPath(kp))},
+		{"splice", benchProxy(b, up)},
+	}
+	broken := make([]atomic.Int64, len(ways))
+	for range b.N {
+		for k, way := range ways {
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Go(func() {
+					c, err := net.Dial("tcp", way.addr)
+					if !assert.NoError(b, err) { // not the benchmark's goroutine: no FailNow
+						return
+					}
+					defer c.Close()
+					c.Write([]byte{0})
+					got, err := io.ReadAll(c)
+					if why := wholeStream(got, stream); err != nil || why != "" {
+						b.Logf("%s: %d bytes of %d, %v: %s", way.name, len(got), len(stream), err, why)
+						broken[k].Add(1)
+					}
+				})
+			}
+			wg.Wait()
+		}
+	}
+	for k, way := range ways {
+		b.ReportMetric(float64(broken[k].Load())/float64(4*b.N), way.name+"-broken/download")
+	}
+}
+
+// wholeStream says where got first differs from want, and what stands
+// there, or "" where they are the same.
+func wholeStream(got, want []byte) string {
+	for i := 0; i+8 <= min(len(got), len(want)); i += 8 {
+		if w := binary.BigEndian.Uint64(got[i:]); w != uint64(i) {
+			return fmt.Sprintf("the word at %d is %#x", i, w)
+		}
+	}
+	if len(got) != len(want) {
+		return fmt.Sprintf("%d bytes more than sent", len(got)-len(want))
+	}
+	return ""
+}
+
 // machineCPU adds up the whole machine's busy CPU time (every process,
 // the kernel's threads and interrupts: the kernel path's work is done
 // outside the gateway's process) over the runs it measures, and the MiB
