@@ -14,9 +14,10 @@
 // the socket so, and no bound that keeps the kernel's memory in check
 // does without that. NewDespiteDefect loads the path for the tests, the
 // benchmarks, and a kernel shown free of the defect
-// (BenchmarkScatteredSegments shows how often a kernel breaks; tproxy's
-// TestScatteredSegmentsKeepTheStreamWhole holds its relay to the same
-// traffic).
+// (BenchmarkScatteredSegments shows how often a kernel breaks, and
+// tproxy's BenchmarkWholeDownloads how often a bulk download does;
+// tproxy's TestScatteredSegmentsKeepTheStreamWhole holds its relay to the
+// same traffic).
 //
 // Run passes each side's end of stream on as a half-close once every
 // byte before it has left the kernel path, however long the receiver
