@@ -77,14 +77,15 @@ func New(int) (*Path, error) { return nil, ErrSockmapDefect }
 // And a flood both ways at once, unpaced, that the path takes after its
 // first bytes still comes back, a few times in a thousand (8 MiB each
 // way, through an echoing server), with bytes repeated (65,483 or 95,232;
-// once 53); in 5 of 9 such streams the direction had every byte after the
-// splice redirected, none relayed, and the verdict counted the repeated
-// bytes itself: the kernel handed it the same bytes twice (tproxy's
-// BenchmarkTwoWayFloods: 2 of 1,000 floods, 0 of 1,000 through the
-// splicing relay beside it). A stream must never carry what it was not
-// sent, so the kernel path stays off until the kernel's defect is found
-// and fixed; NewDespiteDefect loads it where that has been ruled out, and
-// the benchmarks show whether it is.
+// now and then 24 or 53); in 5 of 9 such streams the direction had every
+// byte after the splice redirected, none relayed, and the verdict counted
+// the repeated bytes itself: the kernel handed it the same bytes twice
+// (tproxy's BenchmarkTwoWayFloods: 2 to 7 of 1,000 floods in five runs,
+// each broken one it checked taken by the kernel path, 0 through the
+// splicing relay beside it). A stream must never carry what it was not sent, so the
+// kernel path stays off until the kernel's defect is found and fixed;
+// NewDespiteDefect loads it where that has been ruled out, and the
+// benchmarks show whether it is.
 var ErrSockmapDefect = errors.New("fastpath: off: on this kernel a socket in a sockmap can hand user space bytes it was never sent (see ErrSockmapDefect)")
 
 // NewDespiteDefect loads the programs and maps for up to pairs connection

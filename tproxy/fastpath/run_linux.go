@@ -3,6 +3,7 @@
 package fastpath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -61,7 +62,7 @@ func (pr *Pair) Run(a, b *net.TCPConn) (aToB, bToA int64, err error) {
 		changed := func() bool {
 			for i, c := range conns {
 				if !ended[i] {
-					states[i] = stateOf(c)
+					states[i] = pr.stateOf(i, c)
 				}
 			}
 			return states != [2]sideState{}
@@ -213,16 +214,17 @@ type sideState struct {
 	left, ended bool
 }
 
-// stateOf reads c's state: its socket error, whether bytes wait to be
-// read (once its peer fell MaxQueued behind, the verdict leaves them),
-// and its TCP state, which says whether the other end has finished.
-func stateOf(c *net.TCPConn) sideState {
+// stateOf reads the state of side i's socket c: its socket error,
+// whether bytes the verdict left it wait to be read (once its peer fell
+// MaxQueued behind, the verdict leaves them), and its TCP state, which
+// says whether the other end has finished.
+func (pr *Pair) stateOf(i int, c *net.TCPConn) sideState {
 	var st sideState
 	err := withFD(c, func(fd int) error {
 		if e, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
 			return errors.Join(err, syscall.Errno(e))
 		}
-		if ev, err := pollRead(fd); err == nil && ev&unix.POLLIN != 0 && ev&unix.POLLRDHUP == 0 {
+		if ev, err := pollRead(fd); err == nil && ev&unix.POLLIN != 0 && ev&unix.POLLRDHUP == 0 && pr.unrelayed(i) {
 			st.left = true // bytes, and no end yet: an end is the TCP state's to tell
 			return nil
 		}
@@ -374,7 +376,7 @@ func (pr *Pair) relayRest(i int, dst, src *net.TCPConn) error {
 // a buffer, so that a direction back on the kernel path holds none. Its
 // error is the read's (io.EOF at the end) or what stopped the write.
 func (pr *Pair) relayOnce(i int, dst, src *net.TCPConn) (moved bool, err error) {
-	if err := awaitReadable(src); err != nil {
+	if err := pr.awaitReadable(i, src); err != nil {
 		return false, err
 	}
 	bp := relayBuffers.Get().(*[]byte)
@@ -398,36 +400,58 @@ func (pr *Pair) relayOnce(i int, dst, src *net.TCPConn) (moved bool, err error) 
 	return true, err
 }
 
-// awaitReadable waits, reading nothing (pollRead), until c has bytes to
-// read, its end or a reset, or its read deadline passes (Abort's). A
-// reset stays on the socket, for the read after to return.
-func awaitReadable(c *net.TCPConn) error {
+// awaitReadable waits, reading nothing, until side i's socket c has
+// bytes the verdict left it, its end or a reset, or its read deadline
+// passes (Abort's); a reset is its error, as a read would have said it.
+func (pr *Pair) awaitReadable(i int, c *net.TCPConn) error {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return err
 	}
-	var pollErr error
+	var waitErr error
 	if err := rc.Read(func(fd uintptr) bool {
 		var ev int16
-		ev, pollErr = pollRead(int(fd))
-		return pollErr != nil || ev != 0
+		if ev, waitErr = pollRead(int(fd)); waitErr != nil {
+			return true
+		}
+		if ev&(unix.POLLERR|unix.POLLHUP|unix.POLLNVAL) != 0 {
+			if e, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
+				waitErr = errors.Join(err, syscall.Errno(e))
+			}
+			return true
+		}
+		return ev&unix.POLLRDHUP != 0 || ev&unix.POLLIN != 0 && pr.unrelayed(i)
 	}); err != nil {
 		return err
 	}
-	return pollErr
+	return waitErr
+}
+
+// unrelayed says whether the verdict has left side i's bytes to user
+// space that Run has not relayed yet, by the verdict's own count: poll(2)
+// also says a socket is readable for bytes the verdict has redirected,
+// in the moment before the kernel counts them taken. Where the count
+// cannot be read, it says so, and the read that follows finds out.
+func (pr *Pair) unrelayed(i int) bool {
+	var v [peerSize]byte
+	if err := pr.p.peers.Lookup(pr.cookies[i], v[:]); err != nil {
+		return true
+	}
+	return int64(binary.NativeEndian.Uint64(v[peerPassedOff:])) > pr.relayed[i].Load()
 }
 
 // pollRead is what poll(2) says now of fd's reading side: bytes or an
 // end to read (POLLIN), the end come (POLLRDHUP), a reset (POLLERR). It
 // reads nothing, and neither Run nor relayRest asks a socket in the
 // sockmap with a read that takes nothing (a peek): on the kernel this
-// package was measured on, with a peek before each read, 6 of 1,600 bulk
-// downloads of 60 MiB came out with a whole segment (65,483 bytes, one
-// skb) twice, some of them with every byte read by user space and none
-// redirected; with poll, 0 of 1,600 (tproxy's BenchmarkWholeDownloads,
-// side by side with the splicing relay, 0 either way). Splice's one
-// peek, which wakes the verdict for bytes that came before the socket
-// joined the map, is the only one.
+// package was measured on, with a peek before each read, 6 of about
+// 1,600 bulk downloads of 60 MiB came out with a whole segment (65,483
+// bytes, one skb) twice, some of them with every byte read by user space
+// and none redirected; with poll, 0 of about 2,800, the kernel path
+// taking 96% of the last 1,200 (tproxy's BenchmarkWholeDownloads, side by
+// side with the splicing relay, 0 either way). Splice's one peek, which
+// wakes the verdict for bytes that came before the socket joined the map,
+// is the only one.
 func pollRead(fd int) (int16, error) {
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
 	for {

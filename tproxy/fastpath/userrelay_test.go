@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,6 +153,9 @@ func TestResetWhileRelayedInUserSpace(t *testing.T) {
 	select {
 	case r := <-ran:
 		require.Error(t, r.err, "the client's reset")
+		// As the socket says it, for the connection's record: no read's
+		// wrapping of it.
+		assert.Equal(t, "fastpath: "+syscall.ECONNRESET.Error(), r.err.Error())
 	case <-time.After(10 * time.Second):
 		require.Fail(t, "Run did not end after the client's reset")
 	}
