@@ -157,9 +157,10 @@ func BenchmarkBulkThroughput(b *testing.B) {
 // its own offset, b.N times on each of 4 streams at once, through the
 // proxy on the kernel path and on its splicing relay in turn, and
 // reports the share of downloads on each that did not come out whole
-// (shorter, longer, or a word out of place). Where one did not, it logs
-// what the client got and where it first went wrong. As root only: the
-// kernel path needs it.
+// (shorter, longer, or a word out of place), and the share of downloads
+// the kernel path took (the rest stayed on the relay, whole or not).
+// Where one did not come out whole, it logs what the client got and where
+// it first went wrong. As root only: the kernel path needs it.
 // go test -run X -bench WholeDownloads -benchtime 200x ./tproxy
 func BenchmarkWholeDownloads(b *testing.B) {
 	stream := make([]byte, 60<<20)
@@ -176,8 +177,9 @@ func BenchmarkWholeDownloads(b *testing.B) {
 	if kp == nil {
 		b.Skip("no kernel path")
 	}
+	taken := &countedPath{KernelPath: kp}
 	ways := []struct{ name, addr string }{
-		{"kernel", benchProxy(b, up, withKernelPath(kp))},
+		{"kernel", benchProxy(b, up, withKernelPath(taken))},
 		{"splice", benchProxy(b, up)},
 	}
 	broken := make([]atomic.Int64, len(ways))
@@ -205,13 +207,30 @@ func BenchmarkWholeDownloads(b *testing.B) {
 	for k, way := range ways {
 		b.ReportMetric(float64(broken[k].Load())/float64(4*b.N), way.name+"-broken/download")
 	}
+	b.ReportMetric(float64(taken.moved.Load())/float64(4*b.N), "kernel-taken/download")
+}
+
+// countedPath counts the connections its KernelPath took.
+type countedPath struct {
+	KernelPath
+	moved atomic.Int64
+}
+
+func (c *countedPath) Move(client, upstream *net.TCPConn) (func() (int64, int64, error), func(), error) {
+	wait, abort, err := c.KernelPath.Move(client, upstream)
+	if err == nil {
+		c.moved.Add(1)
+	}
+	return wait, abort, err
 }
 
 // BenchmarkTwoWayFloods sends 8 MiB, each 8-byte word its own offset, as
 // fast as the client can write, to a mirror that sends back what it reads
 // as it reads it, b.N times through the proxy on the kernel path and on
 // its splicing relay in turn, and reports the share of floods on each
-// that did not come back whole, logging where each went wrong. The kernel
+// that did not come back whole, logging where each went wrong and
+// whether the kernel path took it, and the share the kernel path took
+// (the rest stayed on the relay). The kernel
 // path takes such a connection after its first bytes; on the kernel
 // fastpath.ErrSockmapDefect names, a few floods in a thousand come back
 // with bytes repeated. As root only.
@@ -226,13 +245,15 @@ func BenchmarkTwoWayFloods(b *testing.B) {
 		b.Skip("no kernel path")
 	}
 	mirror := serveMirror(b)
+	taken := &countedPath{KernelPath: kp}
 	ways := []struct{ name, addr string }{
-		{"kernel", benchProxy(b, mirror, withKernelPath(kp))},
+		{"kernel", benchProxy(b, mirror, withKernelPath(taken))},
 		{"splice", benchProxy(b, mirror)},
 	}
 	broken := make([]int, len(ways))
 	for range b.N {
 		for k, way := range ways {
+			before := taken.moved.Load()
 			c, err := net.Dial("tcp", way.addr)
 			require.NoError(b, err)
 			go func() {
@@ -247,7 +268,7 @@ func BenchmarkTwoWayFloods(b *testing.B) {
 			back, err := io.ReadAll(c)
 			c.Close()
 			if why := wholeStream(back, sent); err != nil || why != "" {
-				b.Logf("%s: %d bytes of %d, %v: %s", way.name, len(back), len(sent), err, why)
+				b.Logf("%s (the kernel path took it: %v): %d bytes of %d, %v: %s", way.name, taken.moved.Load() > before, len(back), len(sent), err, why)
 				broken[k]++
 			}
 		}
@@ -255,6 +276,7 @@ func BenchmarkTwoWayFloods(b *testing.B) {
 	for k, way := range ways {
 		b.ReportMetric(float64(broken[k])/float64(b.N), way.name+"-broken/flood")
 	}
+	b.ReportMetric(float64(taken.moved.Load())/float64(b.N), "kernel-taken/flood")
 }
 
 // wholeStream says where got first differs from want, and what stands
@@ -265,8 +287,11 @@ func wholeStream(got, want []byte) string {
 			return fmt.Sprintf("the word at %d is %#x", i, w)
 		}
 	}
-	if len(got) != len(want) {
+	switch {
+	case len(got) > len(want):
 		return fmt.Sprintf("%d bytes more than sent", len(got)-len(want))
+	case len(got) < len(want):
+		return fmt.Sprintf("%d bytes short", len(want)-len(got))
 	}
 	return ""
 }
