@@ -228,12 +228,11 @@ func (c *countedPath) Move(client, upstream *net.TCPConn) (func() (int64, int64,
 // fast as the client can write, to a mirror that sends back what it reads
 // as it reads it, b.N times through the proxy on the kernel path and on
 // its splicing relay in turn, and reports the share of floods on each
-// that did not come back whole, logging where each went wrong and
-// whether the kernel path took it, and the share the kernel path took
-// (the rest stayed on the relay). The kernel
-// path takes such a connection after its first bytes; on the kernel
-// fastpath.ErrSockmapDefect names, a few floods in a thousand come back
-// with bytes repeated. As root only.
+// that did not come back whole (logging where each went wrong, and
+// whether the kernel path took it) and the share the kernel path took
+// (the rest stayed on the relay). The kernel path takes such a connection
+// after its first bytes; on the kernel fastpath.ErrSockmapDefect names, a
+// few floods in a thousand come back with bytes repeated. As root only.
 // go test -run X -bench TwoWayFloods -benchtime 1000x ./tproxy
 func BenchmarkTwoWayFloods(b *testing.B) {
 	sent := make([]byte, 8<<20)
