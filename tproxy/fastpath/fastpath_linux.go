@@ -344,12 +344,19 @@ func (pr *Pair) Bytes() (aToB, bToA int64) {
 func (pr *Pair) redirected() [2]int64 {
 	var out [2]int64
 	for i := range 2 {
-		var v [peerSize]byte
-		if err := pr.p.peers.Lookup(pr.cookies[i], v[:]); err == nil {
-			out[i] = int64(binary.NativeEndian.Uint64(v[peerBytesOff:]))
-		}
+		out[i], _ = pr.peerCount(i, peerBytesOff)
 	}
 	return out
+}
+
+// peerCount is the verdict's count at off (peerBytesOff, peerPassedOff,
+// peerChargedOff) in side i's peer entry, and whether it could be read.
+func (pr *Pair) peerCount(i, off int) (int64, bool) {
+	var v [peerSize]byte
+	if pr.cookies[i] == 0 || pr.p.peers.Lookup(pr.cookies[i], v[:]) != nil {
+		return 0, false
+	}
+	return int64(binary.NativeEndian.Uint64(v[off:])), true
 }
 
 // Remove takes the pair out of the kernel path (closing the sockets does
@@ -396,14 +403,14 @@ func (pr *Pair) release(i int) {
 	if err := pr.p.senders.Delete(pr.cookies[1-i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return
 	}
-	var v [peerSize]byte
-	if pr.cookies[i] == 0 || pr.p.peers.Lookup(pr.cookies[i], v[:]) != nil {
+	charged, ok := pr.peerCount(i, peerChargedOff)
+	if !ok {
 		return
 	}
 	pr.released[i] = true
 	pr.p.mu.Lock()
 	defer pr.p.mu.Unlock()
-	pr.p.released += binary.NativeEndian.Uint64(v[peerChargedOff:])
+	pr.p.released += uint64(charged)
 	pr.p.writeReleasedLocked()
 }
 

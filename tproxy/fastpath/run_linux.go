@@ -3,7 +3,6 @@
 package fastpath
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -224,7 +223,7 @@ func (pr *Pair) stateOf(i int, c *net.TCPConn) sideState {
 		if e, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
 			return errors.Join(err, syscall.Errno(e))
 		}
-		if ev, err := pollRead(fd); err == nil && ev&unix.POLLIN != 0 && ev&unix.POLLRDHUP == 0 && pr.unrelayed(i) {
+		if ev, err := pollRead(fd); err == nil && ev&unix.POLLIN != 0 && ev&unix.POLLRDHUP == 0 && pr.leftWaiting(i) {
 			st.left = true // bytes, and no end yet: an end is the TCP state's to tell
 			return nil
 		}
@@ -420,24 +419,32 @@ func (pr *Pair) awaitReadable(i int, c *net.TCPConn) error {
 			}
 			return true
 		}
-		return ev&unix.POLLRDHUP != 0 || ev&unix.POLLIN != 0 && pr.unrelayed(i)
+		return ev&unix.POLLRDHUP != 0 || ev&unix.POLLIN != 0 && pr.leftWaiting(i)
 	}); err != nil {
 		return err
 	}
 	return waitErr
 }
 
-// unrelayed says whether the verdict has left side i's bytes to user
-// space that Run has not relayed yet, by the verdict's own count: poll(2)
-// also says a socket is readable for bytes the verdict has redirected,
-// in the moment before the kernel counts them taken. Where the count
-// cannot be read, it says so, and the read that follows finds out.
-func (pr *Pair) unrelayed(i int) bool {
-	var v [peerSize]byte
-	if err := pr.p.peers.Lookup(pr.cookies[i], v[:]); err != nil {
-		return true
+// unrelayed is how many of side i's bytes the verdict has left to user
+// space and Run has not relayed yet, by the verdict's own count, and
+// whether the count could be read.
+func (pr *Pair) unrelayed(i int) (int64, bool) {
+	passed, ok := pr.peerCount(i, peerPassedOff)
+	if !ok {
+		return 0, false
 	}
-	return int64(binary.NativeEndian.Uint64(v[peerPassedOff:])) > pr.relayed[i].Load()
+	return passed - pr.relayed[i].Load(), true
+}
+
+// leftWaiting says whether bytes the verdict left side i may wait for
+// user space: poll(2) also says a socket is readable for bytes the
+// verdict has redirected, in the moment before the kernel counts them
+// taken, and the verdict's count tells them apart. Where the count cannot
+// be read, they may, and the read that follows finds out.
+func (pr *Pair) leftWaiting(i int) bool {
+	n, ok := pr.unrelayed(i)
+	return !ok || n > 0
 }
 
 // pollRead is what poll(2) says now of fd's reading side: bytes or an
