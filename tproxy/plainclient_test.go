@@ -120,11 +120,11 @@ func TestResponseHeadBounded(t *testing.T) {
 
 // TestUnreadBodyDoesNotHoldTheConnection: a refused request whose body
 // stops coming is answered, and its connection closed, at once: net/http
-// reads what remains of a body after the handler, without a deadline
-// and where neither Forget, Rejudge nor the idle sweep sees it, so such a
-// connection stayed open for as long as its client liked. One forwarded, whose upstream answered
-// without reading its body, waits for it the same way, seen: the idle
-// sweep ends it.
+// reads what remains of a body after the handler, without a deadline and
+// where neither Forget, Rejudge nor the idle sweep sees it, so such a
+// connection stayed open for as long as its client liked. One forwarded,
+// whose upstream answered without reading its body, waits for it the same
+// way, seen: the idle sweep ends it.
 func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
 	for _, p := range plainPaths {
 		for _, tc := range []struct {
