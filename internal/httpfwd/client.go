@@ -126,7 +126,7 @@ func (c *Client) Finish() {
 // fields: the connection is closed after a response whose request's
 // body was not read to its end.
 func (c *Client) heading(h http.Header) {
-	if c.headWritten.Swap(true) {
+	if c.headWritten.Load() || c.headWritten.Swap(true) { // a load on every later write, no store
 		return
 	}
 	if !c.bodyRead.Load() {
